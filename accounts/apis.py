@@ -1,0 +1,174 @@
+"""REST endpoints for organizations, members, invitations and API keys."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from playground.errors import Forbidden
+
+from . import services
+from .models import ApiKey, Invitation, Membership
+from .permissions import HasOrganization, IsOrganizationManager, principal_of
+from .selectors import api_keys_for_org
+
+
+class ApiKeyOutput(serializers.ModelSerializer):
+    created_by = serializers.EmailField(source="created_by.email", default=None)
+    revoked = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "created_by",
+            "last_used_at",
+            "expires_at",
+            "revoked_at",
+            "revoked",
+        ]
+
+    def get_revoked(self, obj: ApiKey) -> bool:
+        return obj.revoked_at is not None
+
+
+class ApiKeyListApi(APIView):
+    permission_classes = [IsOrganizationManager]
+
+    class CreateInput(serializers.Serializer):
+        name = serializers.CharField(max_length=100)
+        expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+    @extend_schema(responses=ApiKeyOutput(many=True))
+    def get(self, request):  # type: ignore[no-untyped-def]
+        keys = api_keys_for_org(principal_of(request).organization)
+        return Response({"results": ApiKeyOutput(keys, many=True).data})
+
+    @extend_schema(request=CreateInput, responses={201: ApiKeyOutput})
+    def post(self, request):  # type: ignore[no-untyped-def]
+        data = self.CreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        principal = principal_of(request)
+        issued = services.api_key_create(
+            organization=principal.organization,
+            name=data.validated_data["name"],
+            created_by=principal.user,
+            expires_at=data.validated_data.get("expires_at"),
+        )
+        body = ApiKeyOutput(issued.api_key).data
+        body["secret"] = issued.secret
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ApiKeyDetailApi(APIView):
+    permission_classes = [IsOrganizationManager]
+
+    def delete(self, request, key_id: int):  # type: ignore[no-untyped-def]
+        api_key = get_object_or_404(
+            ApiKey, pk=key_id, organization=principal_of(request).organization
+        )
+        services.api_key_revoke(api_key=api_key)
+        return Response(ApiKeyOutput(api_key).data)
+
+
+class MembershipOutput(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email")
+
+    class Meta:
+        model = Membership
+        fields = ["id", "email", "role", "created_at"]
+
+
+class OrganizationApi(APIView):
+    """The caller's organization."""
+
+    permission_classes = [HasOrganization]
+
+    def get(self, request):  # type: ignore[no-untyped-def]
+        org = principal_of(request).organization
+        return Response(
+            {
+                "id": org.pk,
+                "name": org.name,
+                "slug": org.slug,
+                "plan": org.plan,
+                "allow_network": org.allow_network,
+            }
+        )
+
+
+class MemberListApi(APIView):
+    permission_classes = [HasOrganization]
+
+    def get(self, request):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        if principal.user is None:
+            raise Forbidden("Members are listed for signed-in users only.")
+        members = Membership.objects.filter(organization=principal.organization).select_related(
+            "user"
+        )
+        return Response({"results": MembershipOutput(members, many=True).data})
+
+
+class MemberDetailApi(APIView):
+    permission_classes = [IsOrganizationManager]
+
+    class UpdateInput(serializers.Serializer):
+        role = serializers.ChoiceField(choices=["owner", "admin", "member"])
+
+    def patch(self, request, member_id: int):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        membership = get_object_or_404(
+            Membership, pk=member_id, organization=principal.organization
+        )
+        data = self.UpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.membership_change_role(
+            actor=principal.user, membership=membership, role=data.validated_data["role"]
+        )
+        return Response(MembershipOutput(membership).data)
+
+    def delete(self, request, member_id: int):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        membership = get_object_or_404(
+            Membership, pk=member_id, organization=principal.organization
+        )
+        services.membership_remove(actor=principal.user, membership=membership)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+
+
+class InvitationListApi(APIView):
+    permission_classes = [IsOrganizationManager]
+
+    class CreateInput(serializers.Serializer):
+        email = serializers.EmailField()
+        role = serializers.ChoiceField(choices=["owner", "admin", "member"], default="member")
+
+    def get(self, request):  # type: ignore[no-untyped-def]
+        invitations = Invitation.objects.filter(
+            organization=principal_of(request).organization
+        ).order_by("-created_at")
+        return Response({"results": InvitationOutput(invitations, many=True).data})
+
+    def post(self, request):  # type: ignore[no-untyped-def]
+        data = self.CreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        principal = principal_of(request)
+        issued = services.invitation_create(
+            actor=principal.user, organization=principal.organization, **data.validated_data
+        )
+        body = InvitationOutput(issued.invitation).data
+        body["url"] = request.build_absolute_uri(f"/invitations/{issued.token}/")
+        return Response(body, status=status.HTTP_201_CREATED)

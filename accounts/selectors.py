@@ -1,0 +1,38 @@
+"""Account reads."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from .models import ApiKey, Membership, Organization, User
+
+
+def organizations_for_user(user: User) -> QuerySet[Organization]:
+    return Organization.objects.filter(memberships__user=user).order_by("name")
+
+
+def membership_get(*, user: User, organization: Organization) -> Membership | None:
+    return Membership.objects.filter(user=user, organization=organization).first()
+
+
+def current_organization_for_session(request: object) -> Organization | None:
+    """The organization the browser session works in: the chosen one if still a member,
+    else the user's first organization."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return None
+    session = getattr(request, "session", None)
+    chosen_id = session.get("organization_id") if session is not None else None
+    if chosen_id is not None:
+        org = Organization.objects.filter(pk=chosen_id, memberships__user=user).first()
+        if org is not None:
+            return org
+    return organizations_for_user(user).first()
+
+
+def api_keys_for_org(organization: Organization) -> QuerySet[ApiKey]:
+    return (
+        ApiKey.objects.filter(organization=organization)
+        .select_related("created_by")
+        .order_by("-created_at")
+    )

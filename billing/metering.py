@@ -1,0 +1,1 @@
+"""Placeholder until the billing helper lands its implementation."""

@@ -1,0 +1,149 @@
+"""One error shape for the whole API: {"error": {"code": "...", "message": "..."}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, JsonResponse
+
+from sandboxes.providers.base import ProviderError
+
+
+class ApplicationError(Exception):
+    """A business rule said no. Services raise these; the handler renders them."""
+
+    code = "error"
+    status_code = 400
+
+    def __init__(self, message: str, *, code: str | None = None, status_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        if status_code:
+            self.status_code = status_code
+
+
+class NotFound(ApplicationError):
+    code = "not_found"
+    status_code = 404
+
+
+class Conflict(ApplicationError):
+    code = "conflict"
+    status_code = 409
+
+
+class Forbidden(ApplicationError):
+    code = "forbidden"
+    status_code = 403
+
+
+class QuotaExceeded(ApplicationError):
+    code = "quota_exceeded"
+    status_code = 429
+
+
+class PaymentRequired(ApplicationError):
+    code = "payment_required"
+    status_code = 402
+
+
+class PayloadTooLarge(ApplicationError):
+    code = "payload_too_large"
+    status_code = 413
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return {"error": body}
+
+
+def _first_message(detail: Any) -> str:
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0])
+    if isinstance(detail, dict) and detail:
+        field, value = next(iter(detail.items()))
+        inner = _first_message(value)
+        return inner if field == "non_field_errors" else f"{field}: {inner}"
+    return str(detail)
+
+
+_DRF_CODES = {
+    "NotAuthenticated": "not_authenticated",
+    "AuthenticationFailed": "authentication_failed",
+    "PermissionDenied": "permission_denied",
+    "NotFound": "not_found",
+    "MethodNotAllowed": "method_not_allowed",
+    "NotAcceptable": "not_acceptable",
+    "UnsupportedMediaType": "unsupported_media_type",
+    "Throttled": "rate_limited",
+    "ParseError": "malformed_request",
+}
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
+    """DRF EXCEPTION_HANDLER: every error leaves in the one shape."""
+    # Imported here: DRF's settings import our authentication, which imports this module.
+    from rest_framework import exceptions
+    from rest_framework.response import Response
+    from rest_framework.views import exception_handler as drf_exception_handler
+
+    if isinstance(exc, ApplicationError):
+        return Response(error_body(exc.code, exc.message), status=exc.status_code)
+    if isinstance(exc, ProviderError):
+        return Response(error_body(exc.code, exc.message), status=exc.http_status)
+    if isinstance(exc, DjangoValidationError):
+        return Response(error_body("validation_error", "; ".join(exc.messages)), status=400)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = error_body(
+            "validation_error", _first_message(exc.detail), details=exc.detail
+        )
+        return response
+    code = next(
+        (_DRF_CODES[cls.__name__] for cls in type(exc).__mro__ if cls.__name__ in _DRF_CODES),
+        None,
+    )
+    if code is None and isinstance(exc, exceptions.APIException):
+        code = str(exc.default_code)
+    detail = getattr(exc, "detail", str(exc))
+    response.data = error_body(code or "error", _first_message(detail))
+    if response.status_code == 403 and code == "not_authenticated":
+        response.status_code = 401
+    return response
+
+
+def _is_api(request: Any) -> bool:
+    return request.path.startswith("/api/")
+
+
+def json_error_response(code: str, message: str, status_code: int) -> JsonResponse:
+    return JsonResponse(error_body(code, message), status=status_code)
+
+
+def handler404(request: Any, exception: Exception | None = None) -> Any:
+    if _is_api(request):
+        return json_error_response("not_found", "No such endpoint or object.", 404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def handler500(request: Any) -> Any:
+    if _is_api(request):
+        return json_error_response("internal_error", "Something went wrong on our side.", 500)
+    from django.views.defaults import server_error
+
+    return server_error(request)

@@ -1,0 +1,85 @@
+"""Liveness and readiness: database, channel layer, Celery broker, each sandbox provider."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.http import require_GET
+
+
+def _timed(check) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    try:
+        detail = check()
+        ok = True
+    except Exception as exc:  # noqa: BLE001 - a health check reports every failure
+        detail, ok = f"{type(exc).__name__}: {exc}", False
+    return {
+        "status": "ok" if ok else "down",
+        "detail": detail,
+        "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+
+
+def _check_database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return connection.vendor
+
+
+def _check_channel_layer() -> str:
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.send)(channel, {"type": "health.ping"})
+    message = async_to_sync(layer.receive)(channel)
+    assert message["type"] == "health.ping"
+    return type(layer).__name__
+
+
+def _check_broker() -> str:
+    from playground.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=2)
+        return conn.transport_cls if isinstance(conn.transport_cls, str) else conn.as_uri()
+
+
+def provider_health_report() -> dict[str, dict[str, Any]]:
+    from sandboxes.providers import configured_provider_names, get_provider
+
+    report: dict[str, dict[str, Any]] = {}
+    for name in configured_provider_names():
+
+        def check(name: str = name) -> str:
+            health = get_provider(name).health()
+            if not health.ok:
+                raise RuntimeError(health.detail)
+            return health.detail
+
+        report[f"provider:{name}"] = _timed(check)
+    return report
+
+
+@require_GET
+def live(request):  # type: ignore[no-untyped-def]
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def ready(request):  # type: ignore[no-untyped-def]
+    components = {
+        "database": _timed(_check_database),
+        "channel_layer": _timed(_check_channel_layer),
+        "broker": _timed(_check_broker),
+    }
+    components.update(provider_health_report())
+    healthy = all(c["status"] == "ok" for c in components.values())
+    return JsonResponse(
+        {"status": "ok" if healthy else "down", "components": components},
+        status=200 if healthy else 503,
+    )

@@ -1,0 +1,288 @@
+"""Sandpit settings: every value comes from the environment with a safe default.
+
+Embedded defaults (nothing set): SQLite, in-memory channel layer, a filesystem
+Celery broker and the local (bubblewrap) provider. Production (DJANGO_ENV=production)
+requires DJANGO_SECRET_KEY and DJANGO_ALLOWED_HOSTS and turns on every HTTPS setting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from exc
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# --- Mode -------------------------------------------------------------------
+DJANGO_ENV = env_str("DJANGO_ENV", "development")
+PRODUCTION = DJANGO_ENV == "production"
+DEBUG = env_bool("DJANGO_DEBUG", default=not PRODUCTION)
+
+if PRODUCTION:
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+    if len(SECRET_KEY) < 50:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY must be set (50+ random characters) in production"
+        )
+    ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS")
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS must be set in production")
+else:
+    # Development only: a fixed key is fine because nothing here is exposed.
+    SECRET_KEY = env_str(
+        "DJANGO_SECRET_KEY", "dev-insecure-sandpit-key-not-for-production-use-0123456789"
+    )
+    ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
+
+# Signing key for short-lived sandbox tokens (JWT, HS256); defaults to SECRET_KEY.
+SANDBOX_TOKEN_SECRET = env_str("SANDPIT_TOKEN_SECRET", SECRET_KEY)
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+# --- Applications -------------------------------------------------------------
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "accounts",
+    "sandboxes",
+    "billing",
+    "playground",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "playground.middleware.RequestIdMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "playground.urls"
+ASGI_APPLICATION = "playground.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "accounts.context_processors.current_organization",
+            ],
+        },
+    },
+]
+
+# --- Database -----------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SANDPIT_SQLITE_PATH", str(BASE_DIR / "var" / "db.sqlite3")),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: channel layer, Celery broker, cache ---------------------------------
+REDIS_URL = env_str("REDIS_URL")
+VAR_DIR = Path(env_str("SANDPIT_VAR_DIR", str(BASE_DIR / "var")))
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("SANDPIT_REDIS_PREFIX", "sandpit")},
+        }
+    }
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": env_str("SANDPIT_REDIS_PREFIX", "sandpit"),
+        }
+    }
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # A broker that needs no server: kombu's filesystem transport under var/.
+    CELERY_BROKER_URL = "filesystem://"
+    _broker_dir = VAR_DIR / "celery-broker"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TIMEZONE = "UTC"
+
+# --- Auth ---------------------------------------------------------------------
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+PASSWORD_HASHERS = env_list("SANDPIT_PASSWORD_HASHERS") or [
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "sandpit@localhost")
+INVITATION_TTL_HOURS = env_int("SANDPIT_INVITATION_TTL_HOURS", 72)
+
+# --- I18N / static ----------------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(VAR_DIR / "staticfiles")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if PRODUCTION
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
+# --- REST framework ---------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.ApiKeyAuthentication",
+        "accounts.authentication.SandboxTokenAuthentication",
+        "accounts.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.HasOrganization"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "playground.pagination.CursorlessPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "playground.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.PerKeyRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"per_key": env_str("SANDPIT_API_RATE", "6000/min")},
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Sandpit API",
+    "DESCRIPTION": "Create sandboxes, run code, manage files, terminals and usage.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Sandboxes ----------------------------------------------------------------------
+SANDPIT_PROVIDERS = env_list("SANDPIT_PROVIDERS", "local")
+SANDPIT_DEFAULT_PROVIDER = env_str(
+    "SANDPIT_DEFAULT_PROVIDER", SANDPIT_PROVIDERS[0] if SANDPIT_PROVIDERS else "local"
+)
+SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
+SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
+SANDPIT_INSTALLATION = env_str("SANDPIT_INSTALLATION", "default")
+SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 10)
+SANDPIT_MAX_FILE_BYTES = env_int("SANDPIT_MAX_FILE_BYTES", 10 * 1024 * 1024)
+SANDPIT_MAX_OUTPUT_BYTES = env_int("SANDPIT_MAX_OUTPUT_BYTES", 1024 * 1024)
+SANDPIT_MAX_COMMAND_TIMEOUT_S = env_int("SANDPIT_MAX_COMMAND_TIMEOUT_S", 300)
+SANDPIT_IDLE_TIMEOUT_S = env_int("SANDPIT_IDLE_TIMEOUT_S", 15 * 60)
+SANDPIT_MAX_LIFETIME_S = env_int("SANDPIT_MAX_LIFETIME_S", 24 * 3600)
+E2B_API_KEY = env_str("E2B_API_KEY")
+
+# --- Billing ----------------------------------------------------------------------------
+SANDPIT_FREE_MONTHLY_EXECUTIONS = env_int("SANDPIT_FREE_MONTHLY_EXECUTIONS", 1000)
+METRICS_TOKEN = env_str("SANDPIT_METRICS_TOKEN")
+
+# --- Logging ---------------------------------------------------------------------------
+LOG_JSON = env_bool("SANDPIT_LOG_JSON", PRODUCTION)
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"request_context": {"()": "playground.logging.RequestContextFilter"}},
+    "formatters": {
+        "json": {"()": "playground.logging.JsonFormatter"},
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_JSON else "plain",
+            "filters": ["request_context"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": env_str("SANDPIT_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --- Security -----------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # the playground's JS reads it to call the API with the session
+X_FRAME_OPTIONS = "SAMEORIGIN"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+if PRODUCTION:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_REFERRER_POLICY = "same-origin"

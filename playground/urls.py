@@ -1,0 +1,37 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from accounts import views as account_views
+
+from . import health, views
+
+handler404 = "playground.errors.handler404"
+handler500 = "playground.errors.handler500"
+
+api_v1 = [
+    path("", include("accounts.urls")),
+    path("", include("sandboxes.urls")),
+    path("", include("billing.urls")),
+]
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("health/live", health.live, name="health-live"),
+    path("health/ready", health.ready, name="health-ready"),
+    path("admin/", admin.site.urls),
+    path("accounts/signup/", account_views.signup, name="signup"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("organizations/switch/", account_views.switch_organization, name="switch-organization"),
+    path("invitations/<str:token>/", account_views.accept_invitation, name="accept-invitation"),
+    path("", include("playground.page_urls")),
+]

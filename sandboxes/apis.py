@@ -1,0 +1,566 @@
+"""Sandbox REST API: thin views over sandboxes.services, every operation metered once."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from billing.idempotency import (
+    StoredResponse,
+    idempotency_abort,
+    idempotency_begin,
+    idempotency_complete,
+)
+from django.conf import settings
+from django.http import HttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import parsers, serializers, status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.authentication import Principal
+from accounts.permissions import principal_of
+from accounts.tokens import sandbox_token_encode
+from billing.metering import metering_authorize, metering_record
+from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
+
+from . import serializers as s
+from . import services
+from .models import Sandbox
+from .providers import configured_provider_names, get_provider
+from .providers.base import ProviderError
+from .selectors import sandbox_get_for_principal, sandboxes_for_org
+
+MAX_IDEMPOTENCY_KEY = 255
+PATH_PARAM = OpenApiParameter("path", str, description="Relative to the workspace")
+
+
+class RawBytesParser(parsers.BaseParser):
+    """PUT file content: the body is the file, whatever its media type."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):  # type: ignore[no-untyped-def]
+        limit = settings.SANDPIT_MAX_FILE_BYTES
+        data = stream.read(limit + 1) if stream is not None else b""
+        if len(data) > limit:
+            raise PayloadTooLarge(f"Files are limited to {limit} bytes.", code="file_too_large")
+        return data
+
+
+def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class MeteredApi(APIView):
+    """Base of every metered sandbox endpoint.
+
+    Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay →
+    billing authorization (402) → the operation → count one execution on success.
+    """
+
+    required_scope: str | None = None
+
+    def sandbox(self, request: Any, sandbox_id: str) -> Sandbox:
+        principal = principal_of(request)
+        sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
+        if self.required_scope and not principal.has_scope(self.required_scope):
+            raise Forbidden(
+                f"This token lacks the '{self.required_scope}' scope.", code="scope_missing"
+            )
+        return sandbox
+
+    def metered(
+        self, request: Any, *, feature: str, operation: str, run: Callable[[], HttpResponse]
+    ) -> HttpResponse:
+        principal: Principal = principal_of(request)
+        org = principal.organization
+        key = request.headers.get("Idempotency-Key")
+        if key is not None:
+            if not key or len(key) > MAX_IDEMPOTENCY_KEY:
+                raise ApplicationError(
+                    f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
+                    code="validation_error",
+                )
+            stored = idempotency_begin(
+                organization_id=org.pk, key=key, fingerprint=_fingerprint(request)
+            )
+            if stored is not None:
+                replay = HttpResponse(
+                    stored.body, status=stored.status_code, content_type=stored.content_type
+                )
+                replay["Idempotent-Replayed"] = "true"
+                return replay
+        try:
+            metering_authorize(organization=org, feature=feature)
+            response = run()
+        except BaseException:
+            if key is not None:
+                idempotency_abort(organization_id=org.pk, key=key)
+            raise
+        if response.status_code >= 400:
+            if key is not None:
+                idempotency_abort(organization_id=org.pk, key=key)
+            return response
+        event_id = (
+            f"idem:{org.pk}:{hashlib.sha256(key.encode()).hexdigest()}"
+            if key is not None
+            else uuid.uuid4().hex
+        )
+        metering_record(
+            organization_id=org.pk,
+            api_key_id=principal.api_key.pk if principal.api_key else None,
+            operation=operation,
+            event_id=event_id,
+        )
+        if key is not None:
+            idempotency_complete(organization_id=org.pk, key=key, response=_stored(response))
+        return response
+
+
+def _fingerprint(request: Any) -> str:
+    digest = hashlib.sha256()
+    digest.update(request.method.encode())
+    digest.update(request.get_full_path().encode())
+    digest.update(request.body if request.method not in ("GET", "HEAD") else b"")
+    return digest.hexdigest()
+
+
+def _stored(response: HttpResponse) -> StoredResponse:
+    if isinstance(response, Response):
+        body = JSONRenderer().render(response.data)
+        content_type = "application/json"
+    else:
+        body = response.content
+        content_type = response.get("Content-Type", "application/octet-stream")
+    return StoredResponse(status_code=response.status_code, body=body, content_type=content_type)
+
+
+def _no_tokens(principal: Principal) -> None:
+    if principal.token is not None:
+        raise Forbidden("Sandbox tokens cannot do this; use an API key.", code="token_not_allowed")
+
+
+# --- lifecycle -----------------------------------------------------------------------------
+
+
+class SandboxListApi(MeteredApi):
+    @extend_schema(
+        responses=s.SandboxOutput(many=True),
+        parameters=[OpenApiParameter("state", str), OpenApiParameter("all", bool)],
+    )
+    def get(self, request):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        qs = sandboxes_for_org(
+            principal.organization,
+            include_destroyed=request.query_params.get("all") in ("1", "true"),
+            state=request.query_params.get("state"),
+        )
+        if principal.token is not None:
+            qs = qs.filter(pk=principal.token.sandbox_id)
+        page = self.paginator.paginate_queryset(qs, request, view=self)
+        return self.paginator.get_paginated_response(s.SandboxOutput(page, many=True).data)
+
+    @property
+    def paginator(self):  # type: ignore[no-untyped-def]
+        if not hasattr(self, "_paginator"):
+            from playground.pagination import CursorlessPagination
+
+            self._paginator = CursorlessPagination()
+        return self._paginator
+
+    @extend_schema(request=s.SandboxCreateInput, responses={201: s.SandboxOutput})
+    def post(self, request):  # type: ignore[no-untyped-def]
+        data = _validated(s.SandboxCreateInput, request.data)
+        principal = principal_of(request)
+        _no_tokens(principal)
+        provider_name = data.get("provider") or settings.SANDPIT_DEFAULT_PROVIDER
+        if provider_name not in configured_provider_names():
+            raise ApplicationError(
+                f"Unknown or disabled provider '{provider_name}'. Enabled: "
+                f"{', '.join(configured_provider_names())}.",
+                code="unknown_provider",
+            )
+
+        def run() -> Response:
+            sandbox = services.sandbox_create(
+                principal=principal,
+                provider_name=provider_name,
+                template=data.get("template") or "default",
+                timeout_s=data.get("timeout_s"),
+                network=data.get("network", False),
+                resources=data.get("resources"),
+                env=data.get("env"),
+                metadata=data.get("metadata"),
+            )
+            return Response(s.SandboxOutput(sandbox).data, status=status.HTTP_201_CREATED)
+
+        return self.metered(request, feature="sandbox", operation="sandbox.create", run=run)
+
+
+class SandboxDetailApi(MeteredApi):
+    @extend_schema(responses=s.SandboxOutput)
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
+
+    @extend_schema(responses=s.SandboxOutput)
+    def delete(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+        _no_tokens(principal_of(request))
+
+        def run() -> Response:
+            services.sandbox_destroy(sandbox=sandbox, reason="api")
+            sandbox.refresh_from_db()
+            return Response(s.SandboxOutput(sandbox).data)
+
+        return self.metered(request, feature="sandbox", operation="sandbox.destroy", run=run)
+
+
+class SandboxTimeoutApi(MeteredApi):
+    @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.TimeoutInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            services.sandbox_set_timeout(sandbox=sandbox, timeout_s=data["timeout_s"])
+            return Response(s.SandboxOutput(sandbox).data)
+
+        return self.metered(request, feature="sandbox", operation="sandbox.timeout", run=run)
+
+
+class SandboxStatsApi(MeteredApi):
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            stats = services.sandbox_stats(sandbox=sandbox)
+            return Response(dict(stats.__dict__))
+
+        return self.metered(request, feature="sandbox", operation="sandbox.stats", run=run)
+
+
+# --- execution --------------------------------------------------------------------------------
+
+
+class SandboxCommandApi(MeteredApi):
+    required_scope = "exec"
+
+    @extend_schema(request=s.CommandInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.CommandInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            stdin = data.get("stdin")
+            result = services.sandbox_exec(
+                sandbox=sandbox,
+                command=data["command"],
+                args=data.get("args"),
+                cwd=data.get("cwd"),
+                env=data.get("env"),
+                timeout_s=data.get("timeout_s"),
+                stdin=stdin.encode() if stdin else None,
+            )
+            return Response(s.exec_result_data(result))
+
+        return self.metered(request, feature="exec", operation="command", run=run)
+
+
+class SandboxCodeApi(MeteredApi):
+    required_scope = "exec"
+
+    @extend_schema(request=s.CodeInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.CodeInput, request.data)
+        language = services.resolve_language(data["code"], data.get("language"))
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            stdin = data.get("stdin")
+            resolved, result = services.sandbox_run_code(
+                sandbox=sandbox,
+                code=data["code"],
+                language=language,
+                timeout_s=data.get("timeout_s"),
+                stdin=stdin.encode() if stdin else None,
+            )
+            return Response({**s.exec_result_data(result), "language": resolved})
+
+        return self.metered(request, feature="exec", operation="code", run=run)
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+class FilesApi(MeteredApi):
+    required_scope = "files"
+
+    @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            entries = services.sandbox_file_list(
+                sandbox=sandbox, path=query["path"] or ".", recursive=query["recursive"]
+            )
+            return Response({"entries": [s.file_entry_data(e) for e in entries]})
+
+        return self.metered(request, feature="files", operation="files.list", run=run)
+
+    @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
+    def delete(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        if not query["path"] or query["path"] in (".", "/workspace", "/workspace/"):
+            raise ApplicationError(
+                "Refusing to remove the workspace itself.", code="validation_error"
+            )
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            services.sandbox_file_remove(
+                sandbox=sandbox, path=query["path"], recursive=query["recursive"]
+            )
+            return Response(status=status.HTTP_204_NO_CONTENT)
+
+        return self.metered(request, feature="files", operation="files.remove", run=run)
+
+
+class FileContentApi(MeteredApi):
+    required_scope = "files"
+    parser_classes = [RawBytesParser]
+
+    @extend_schema(
+        parameters=[PATH_PARAM, OpenApiParameter("offset", int), OpenApiParameter("length", int)]
+    )
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> HttpResponse:
+            data = services.sandbox_file_read(
+                sandbox=sandbox,
+                path=query["path"],
+                offset=query["offset"],
+                length=query["length"],
+            )
+            response = HttpResponse(data, content_type="application/octet-stream")
+            name = query["path"].rstrip("/").rsplit("/", 1)[-1].replace('"', "")
+            response["Content-Disposition"] = f'inline; filename="{name}"'
+            return response
+
+        return self.metered(request, feature="files", operation="files.read", run=run)
+
+    @extend_schema(parameters=[PATH_PARAM], request={"application/octet-stream": bytes})
+    def put(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        if query["path"] in ("", "."):
+            raise ApplicationError("A file path is required.", code="validation_error")
+        sandbox = self.sandbox(request, sandbox_id)
+        body = request.data if isinstance(request.data, bytes) else b""
+
+        def run() -> Response:
+            entry = services.sandbox_file_write(sandbox=sandbox, path=query["path"], data=body)
+            return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
+
+        return self.metered(request, feature="files", operation="files.write", run=run)
+
+
+class FileStatApi(MeteredApi):
+    required_scope = "files"
+
+    @extend_schema(parameters=[PATH_PARAM])
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            entry = services.sandbox_file_stat(sandbox=sandbox, path=query["path"])
+            return Response(s.file_entry_data(entry))
+
+        return self.metered(request, feature="files", operation="files.stat", run=run)
+
+
+class MkdirApi(MeteredApi):
+    required_scope = "files"
+
+    @extend_schema(request=s.MkdirInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.MkdirInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            entry = services.sandbox_mkdir(sandbox=sandbox, path=data["path"])
+            return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
+
+        return self.metered(request, feature="files", operation="files.mkdir", run=run)
+
+
+class MoveApi(MeteredApi):
+    required_scope = "files"
+
+    @extend_schema(request=s.MoveInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.MoveInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            entry = services.sandbox_file_move(sandbox=sandbox, src=data["from"], dst=data["to"])
+            return Response(s.file_entry_data(entry))
+
+        return self.metered(request, feature="files", operation="files.move", run=run)
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+class ProcessListApi(MeteredApi):
+    required_scope = "exec"
+
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            processes = services.sandbox_process_list(sandbox=sandbox)
+            return Response({"results": [s.process_data(p) for p in processes]})
+
+        return self.metered(request, feature="processes", operation="process.list", run=run)
+
+    @extend_schema(request=s.ProcessStartInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.ProcessStartInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            info = services.sandbox_process_start(
+                sandbox=sandbox,
+                command=data["command"],
+                args=data.get("args"),
+                cwd=data.get("cwd"),
+                env=data.get("env"),
+            )
+            return Response(s.process_data(info), status=status.HTTP_201_CREATED)
+
+        return self.metered(request, feature="processes", operation="process.start", run=run)
+
+
+class ProcessSignalApi(MeteredApi):
+    required_scope = "exec"
+
+    @extend_schema(request=s.SignalInput)
+    def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
+        data = _validated(s.SignalInput, request.data)
+        services.parse_signal(data["signal"])
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            services.sandbox_process_signal(sandbox=sandbox, pid=pid, signal=data["signal"])
+            return Response({"pid": pid, "signal": data["signal"]})
+
+        return self.metered(request, feature="processes", operation="process.signal", run=run)
+
+
+# --- tokens, one-shot runs, providers -----------------------------------------------------------
+
+
+class SandboxTokenApi(MeteredApi):
+    @extend_schema(request=s.TokenInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.TokenInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+        principal = principal_of(request)
+        _no_tokens(principal)
+
+        def run() -> Response:
+            token, expires_at = sandbox_token_encode(
+                sandbox_id=sandbox.id,
+                organization_id=principal.organization.pk,
+                scopes=data["scopes"],
+                ttl_s=data["ttl_s"],
+            )
+            from datetime import UTC, datetime
+
+            return Response(
+                {
+                    "token": token,
+                    "scopes": sorted(set(data["scopes"])),
+                    "expires_at": datetime.fromtimestamp(expires_at, tz=UTC).isoformat(),
+                },
+                status=status.HTTP_201_CREATED,
+            )
+
+        return self.metered(request, feature="tokens", operation="token.mint", run=run)
+
+
+class RunApi(MeteredApi):
+    @extend_schema(request=s.RunInput)
+    def post(self, request):  # type: ignore[no-untyped-def]
+        data = _validated(s.RunInput, request.data)
+        principal = principal_of(request)
+        _no_tokens(principal)
+        if data.get("code") is not None:
+            services.resolve_language(data["code"], data.get("language"))
+
+        def run() -> Response:
+            stdin = data.get("stdin")
+            outcome = services.run_once(
+                principal=principal,
+                code=data.get("code"),
+                command=data.get("command"),
+                language=data.get("language"),
+                files=data.get("files") or {},
+                stdin=stdin.encode() if stdin else None,
+                limits=data.get("limits") or {},
+                provider_name=data.get("provider"),
+            )
+            result = outcome.result
+            return Response(
+                {
+                    **s.exec_result_data(result),
+                    "verdict": outcome.verdict,
+                    "language": outcome.language,
+                    "cpu_time_ms": result.cpu_time_ms,
+                    "peak_memory_bytes": result.peak_memory_bytes,
+                }
+            )
+
+        return self.metered(request, feature="exec", operation="run", run=run)
+
+
+class ProviderListApi(APIView):
+    def get(self, request):  # type: ignore[no-untyped-def]
+        providers = []
+        for name in configured_provider_names():
+            entry: dict[str, Any] = {
+                "name": name,
+                "default": name == settings.SANDPIT_DEFAULT_PROVIDER,
+            }
+            try:
+                provider = get_provider(name)
+                health = provider.health()
+                entry.update(
+                    capabilities=sorted(c.value for c in provider.capabilities),
+                    health={
+                        "ok": health.ok,
+                        "detail": health.detail,
+                        "latency_ms": round(health.latency_ms, 2),
+                    },
+                )
+            except ProviderError as exc:
+                entry.update(capabilities=[], health={"ok": False, "detail": exc.message})
+            entry["limits"] = {
+                "max_concurrent_sandboxes": services.max_concurrent_sandboxes(
+                    principal_of(request).organization
+                ),
+                "max_command_timeout_s": settings.SANDPIT_MAX_COMMAND_TIMEOUT_S,
+                "max_file_bytes": settings.SANDPIT_MAX_FILE_BYTES,
+                "max_output_bytes": settings.SANDPIT_MAX_OUTPUT_BYTES,
+            }
+            providers.append(entry)
+        return Response({"results": providers})

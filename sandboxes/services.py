@@ -1,0 +1,512 @@
+"""Sandbox side effects: lifecycle, commands, code, files and processes.
+
+Provider calls never run inside a database transaction: a command may take
+30 s. Each service reads, calls the provider, then makes one short write.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal as signal_module
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.authentication import Principal
+from accounts.models import Organization
+from playground.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
+
+from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState
+from .providers import get_provider
+from .providers.base import (
+    SUPPORTED_LANGUAGES,
+    Capability,
+    CapabilityNotSupported,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    ProcessInfo,
+    ProviderError,
+    Resources,
+    SandboxGone,
+    SandboxProvider,
+    SandboxSpec,
+    SandboxStats,
+    detect_language,
+)
+
+logger = logging.getLogger(__name__)
+
+ACTIVITY_WRITE_INTERVAL_S = 5  # coalesce activity writes so busy sandboxes do not contend
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def provider_for(sandbox: Sandbox) -> SandboxProvider:
+    return get_provider(sandbox.provider)
+
+
+def require_capability(provider: SandboxProvider, capability: Capability) -> None:
+    if capability not in provider.capabilities:
+        raise CapabilityNotSupported(
+            f"The '{provider.name}' provider does not support {capability.value}."
+        )
+
+
+def sandbox_transition(sandbox: Sandbox, to: str, **fields: Any) -> bool:
+    """Move to state `to` if the current state allows it. Conditional UPDATE, so two
+    workers racing on one sandbox cannot both win. Returns whether this call won."""
+    allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
+    updated = Sandbox.objects.filter(pk=sandbox.pk, state__in=allowed_from).update(
+        state=to, **fields
+    )
+    if updated:
+        sandbox.state = to
+        for name, value in fields.items():
+            setattr(sandbox, name, value)
+    return bool(updated)
+
+
+def sandbox_touch(sandbox: Sandbox) -> None:
+    """Record activity (for the idle reaper); at most one write per few seconds."""
+    now = timezone.now()
+    threshold = now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
+    Sandbox.objects.filter(pk=sandbox.pk, last_activity_at__lt=threshold).update(
+        last_activity_at=now
+    )
+    sandbox.last_activity_at = now
+
+
+def sandbox_touch_id(sandbox_id: str) -> None:
+    now = timezone.now()
+    Sandbox.objects.filter(
+        pk=sandbox_id, last_activity_at__lt=now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
+    ).update(last_activity_at=now)
+
+
+def _require_running(sandbox: Sandbox) -> None:
+    if sandbox.state != SandboxState.RUNNING:
+        raise Conflict(
+            f"Sandbox {sandbox.id} is {sandbox.state}, not running.", code="sandbox_not_running"
+        )
+
+
+def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
+    """Call the provider; a sandbox that vanished under us is marked error."""
+    try:
+        return fn(*args, **kwargs)
+    except SandboxGone:
+        sandbox_transition(
+            sandbox,
+            SandboxState.ERROR,
+            error_message="The provider no longer has this sandbox.",
+            stopped_at=timezone.now(),
+        )
+        raise
+
+
+# --- lifecycle ------------------------------------------------------------------------
+
+
+def max_concurrent_sandboxes(organization: Organization) -> int:
+    return organization.max_concurrent_sandboxes or settings.SANDPIT_MAX_CONCURRENT_SANDBOXES
+
+
+def resources_from_request(requested: Mapping[str, Any] | None) -> Resources:
+    """Clamp requested resources to the installation's ceilings."""
+    requested = requested or {}
+    defaults = Resources()
+    return Resources(
+        memory_mb=min(int(requested.get("memory_mb", defaults.memory_mb)), 8192),
+        cpu_count=min(float(requested.get("cpu_count", defaults.cpu_count)), 4.0),
+        pids=min(int(requested.get("pids", defaults.pids)), 1024),
+        disk_mb=min(int(requested.get("disk_mb", defaults.disk_mb)), 10240),
+    )
+
+
+def sandbox_create(
+    *,
+    principal: Principal,
+    provider_name: str | None = None,
+    template: str = "default",
+    timeout_s: int | None = None,
+    network: bool = False,
+    resources: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    ephemeral: bool = False,
+) -> Sandbox:
+    """Create a sandbox row and the provider resource. Raises QuotaExceeded (429) past the
+    organization's concurrent limit, Forbidden when network is asked for but not allowed."""
+    organization = principal.organization
+    provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
+    if network and not organization.allow_network:
+        raise Forbidden(
+            "This organization is not allowed to give sandboxes network access.",
+            code="network_not_allowed",
+        )
+    resolved = resources_from_request(resources)
+    now = timezone.now()
+    limit = max_concurrent_sandboxes(organization)
+    with transaction.atomic():
+        # Lock the organization row briefly so two creates cannot both pass the limit.
+        Organization.objects.select_for_update().filter(pk=organization.pk).first()
+        live = Sandbox.objects.filter(organization=organization, state__in=LIVE_STATES).count()
+        if live >= limit:
+            raise QuotaExceeded(
+                f"This organization already has {live} live sandboxes (limit {limit}). "
+                "Destroy one or ask an operator to raise the limit.",
+                code="sandbox_limit_reached",
+            )
+        sandbox = Sandbox.objects.create(
+            organization=organization,
+            created_by=principal.user,
+            created_by_key=principal.api_key,
+            provider=provider.name,
+            template=template,
+            resources=resolved.__dict__,
+            timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
+            network=network,
+            metadata=dict(metadata or {}),
+            ephemeral=ephemeral,
+            expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
+        )
+    spec = SandboxSpec(
+        sandbox_id=sandbox.id,
+        template=template,
+        timeout_s=sandbox.timeout_s,
+        network=network,
+        resources=resolved,
+        env=dict(env or {}),
+        labels={"sandpit.org": str(organization.pk)},
+    )
+    try:
+        handle = provider.create(spec)
+    except ProviderError as exc:
+        sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
+        raise
+    started = timezone.now()
+    if not sandbox_transition(
+        sandbox,
+        SandboxState.RUNNING,
+        provider_id=handle.provider_id,
+        started_at=started,
+        last_activity_at=started,
+    ):
+        # Destroyed while we were creating it: do not leak the resource.
+        provider.destroy(handle.provider_id)
+    logger.info("sandbox created", extra={"sandbox_id": sandbox.id})
+    return sandbox
+
+
+def sandbox_destroy(*, sandbox: Sandbox, reason: str = "api") -> bool:
+    """Destroy in the provider and record why. Only the caller that wins the state change
+    calls the provider, so concurrent destroys never double-destroy. Returns that."""
+    if not sandbox_transition(
+        sandbox, SandboxState.DESTROYED, destroyed_at=timezone.now(), destroy_reason=reason
+    ):
+        return False
+    if sandbox.provider_id:
+        try:
+            provider_for(sandbox).destroy(sandbox.provider_id)
+        except ProviderError:
+            # The row is destroyed; the reconciler removes the leftover resource as an orphan.
+            logger.exception("provider destroy failed", extra={"sandbox_id": sandbox.id})
+    from .realtime import sandbox_event_broadcast
+
+    sandbox_event_broadcast(sandbox.id, {"type": "status", "state": "destroyed", "reason": reason})
+    logger.info("sandbox destroyed (%s)", reason, extra={"sandbox_id": sandbox.id})
+    return True
+
+
+def sandbox_set_timeout(*, sandbox: Sandbox, timeout_s: int) -> Sandbox:
+    """Set the idle timeout and count as activity (keep-alive)."""
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    if Capability.TIMEOUT in provider.capabilities:
+        _call(sandbox, provider.set_timeout, sandbox.provider_id, timeout_s)
+    now = timezone.now()
+    Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
+    sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
+    return sandbox
+
+
+def sandbox_stats(*, sandbox: Sandbox) -> SandboxStats:
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    require_capability(provider, Capability.STATS)
+    return _call(sandbox, provider.stats, sandbox.provider_id)
+
+
+# --- execution ---------------------------------------------------------------------------
+
+
+def sandbox_exec(
+    *,
+    sandbox: Sandbox,
+    command: str,
+    args: Sequence[str] | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+    stdin: bytes | None = None,
+) -> ExecResult:
+    """Run one command to completion. `args is None` → `sh -c command`."""
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    require_capability(provider, Capability.EXEC)
+    request = ExecRequest(
+        command=command,
+        args=list(args) if args is not None else None,
+        cwd=cwd,
+        env=dict(env or {}),
+        timeout_s=min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
+        stdin=stdin,
+        max_output_bytes=settings.SANDPIT_MAX_OUTPUT_BYTES,
+    )
+    result = _call(sandbox, provider.exec, sandbox.provider_id, request)
+    sandbox_touch(sandbox)
+    return result
+
+
+def resolve_language(code: str, language: str | None) -> str:
+    if not language:
+        return detect_language(code)
+    language = language.lower()
+    aliases = {
+        "python3": "python",
+        "py": "python",
+        "javascript": "node",
+        "js": "node",
+        "sh": "bash",
+        "shell": "bash",
+    }
+    language = aliases.get(language, language)
+    if language not in SUPPORTED_LANGUAGES:
+        raise ApplicationError(
+            f"Unknown language '{language}'. Supported: {', '.join(SUPPORTED_LANGUAGES)}.",
+            code="unknown_language",
+        )
+    return language
+
+
+def sandbox_run_code(
+    *,
+    sandbox: Sandbox,
+    code: str,
+    language: str | None = None,
+    timeout_s: float | None = None,
+    stdin: bytes | None = None,
+) -> tuple[str, ExecResult]:
+    """Run a snippet; returns (resolved language, result)."""
+    resolved = resolve_language(code, language)
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    require_capability(provider, Capability.RUN_CODE)
+    result = _call(
+        sandbox,
+        provider.run_code,
+        sandbox.provider_id,
+        code,
+        resolved,
+        min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
+        stdin,
+    )
+    sandbox_touch(sandbox)
+    return resolved, result
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def _files(sandbox: Sandbox) -> SandboxProvider:
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    require_capability(provider, Capability.FILES)
+    return provider
+
+
+def sandbox_file_list(*, sandbox: Sandbox, path: str, recursive: bool = False) -> list[FileEntry]:
+    provider = _files(sandbox)
+    entries = _call(sandbox, provider.list_files, sandbox.provider_id, path, recursive)
+    sandbox_touch(sandbox)
+    return entries
+
+
+def sandbox_file_read(
+    *, sandbox: Sandbox, path: str, offset: int = 0, length: int | None = None
+) -> bytes:
+    provider = _files(sandbox)
+    data = _call(sandbox, provider.read_file, sandbox.provider_id, path, offset, length)
+    sandbox_touch(sandbox)
+    return data
+
+
+def sandbox_file_write(*, sandbox: Sandbox, path: str, data: bytes) -> FileEntry:
+    provider = _files(sandbox)
+    entry = _call(sandbox, provider.write_file, sandbox.provider_id, path, data)
+    sandbox_touch(sandbox)
+    return entry
+
+
+def sandbox_file_stat(*, sandbox: Sandbox, path: str) -> FileEntry:
+    provider = _files(sandbox)
+    entry = _call(sandbox, provider.stat, sandbox.provider_id, path)
+    sandbox_touch(sandbox)
+    return entry
+
+
+def sandbox_mkdir(*, sandbox: Sandbox, path: str) -> FileEntry:
+    provider = _files(sandbox)
+    entry = _call(sandbox, provider.mkdir, sandbox.provider_id, path)
+    sandbox_touch(sandbox)
+    return entry
+
+
+def sandbox_file_move(*, sandbox: Sandbox, src: str, dst: str) -> FileEntry:
+    provider = _files(sandbox)
+    entry = _call(sandbox, provider.move, sandbox.provider_id, src, dst)
+    sandbox_touch(sandbox)
+    return entry
+
+
+def sandbox_file_remove(*, sandbox: Sandbox, path: str, recursive: bool = False) -> None:
+    provider = _files(sandbox)
+    _call(sandbox, provider.remove, sandbox.provider_id, path, recursive)
+    sandbox_touch(sandbox)
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def _processes(sandbox: Sandbox) -> SandboxProvider:
+    _require_running(sandbox)
+    provider = provider_for(sandbox)
+    require_capability(provider, Capability.PROCESSES)
+    return provider
+
+
+def sandbox_process_start(
+    *,
+    sandbox: Sandbox,
+    command: str,
+    args: Sequence[str] | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ProcessInfo:
+    provider = _processes(sandbox)
+    info = _call(
+        sandbox,
+        provider.start_process,
+        sandbox.provider_id,
+        command,
+        list(args) if args is not None else None,
+        cwd,
+        dict(env or {}),
+    )
+    sandbox_touch(sandbox)
+    return info
+
+
+def sandbox_process_list(*, sandbox: Sandbox) -> list[ProcessInfo]:
+    provider = _processes(sandbox)
+    return _call(sandbox, provider.list_processes, sandbox.provider_id)
+
+
+def parse_signal(name: str | int) -> int:
+    if isinstance(name, int):
+        number = name
+    else:
+        text = name.upper().strip()
+        if text.isdigit():
+            number = int(text)
+        else:
+            if not text.startswith("SIG"):
+                text = "SIG" + text
+            member = getattr(signal_module.Signals, text, None)
+            if member is None:
+                raise ApplicationError(f"Unknown signal '{name}'.", code="validation_error")
+            number = int(member)
+    if number not in {int(s) for s in signal_module.Signals}:
+        raise ApplicationError(f"Unknown signal '{name}'.", code="validation_error")
+    return number
+
+
+def sandbox_process_signal(*, sandbox: Sandbox, pid: int, signal: str | int) -> None:
+    number = parse_signal(signal)
+    provider = _processes(sandbox)
+    _call(sandbox, provider.signal_process, sandbox.provider_id, pid, number)
+    sandbox_touch(sandbox)
+
+
+# --- one-shot judge --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    verdict: str
+    """'ok', 'runtime_error', 'timeout', 'memory_limit' or 'output_limit'."""
+    language: str | None
+    result: ExecResult
+
+
+def judge_verdict(result: ExecResult, memory_limit_bytes: int) -> str:
+    if result.timed_out:
+        return "timeout"
+    near_limit = (
+        result.peak_memory_bytes is not None
+        and result.peak_memory_bytes >= memory_limit_bytes * 0.9
+    )
+    if result.oom_killed or (result.exit_code in (-9, 137) and near_limit):
+        return "memory_limit"
+    if result.truncated:
+        return "output_limit"
+    if result.exit_code != 0:
+        return "runtime_error"
+    return "ok"
+
+
+def run_once(
+    *,
+    principal: Principal,
+    code: str | None,
+    command: str | None,
+    language: str | None,
+    files: Mapping[str, str],
+    stdin: bytes | None,
+    limits: Mapping[str, Any],
+    provider_name: str | None = None,
+) -> JudgeOutcome:
+    """Create an ephemeral sandbox, write files, run, and always destroy it."""
+    resolved = resolve_language(code, language) if code is not None else None
+    memory_mb = int(limits.get("memory_mb", 256))
+    sandbox = sandbox_create(
+        principal=principal,
+        provider_name=provider_name,
+        resources={"memory_mb": memory_mb, "pids": int(limits.get("pids", 64))},
+        ephemeral=True,
+        timeout_s=120,
+    )
+    try:
+        for path, content in files.items():
+            sandbox_file_write(sandbox=sandbox, path=path, data=content.encode())
+        timeout_s = float(limits.get("timeout_s", 10))
+        if code is not None:
+            _, result = sandbox_run_code(
+                sandbox=sandbox, code=code, language=resolved, timeout_s=timeout_s, stdin=stdin
+            )
+        else:
+            result = sandbox_exec(
+                sandbox=sandbox, command=command or "", timeout_s=timeout_s, stdin=stdin
+            )
+    finally:
+        sandbox_destroy(sandbox=sandbox, reason="ephemeral")
+    return JudgeOutcome(
+        verdict=judge_verdict(result, memory_mb * 1024 * 1024), language=resolved, result=result
+    )

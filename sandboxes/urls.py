@@ -1,0 +1,30 @@
+from django.urls import path
+
+from . import apis
+
+sandbox = "sandboxes/<str:sandbox_id>"
+
+urlpatterns = [
+    path("sandboxes", apis.SandboxListApi.as_view(), name="api-sandboxes"),
+    path(sandbox, apis.SandboxDetailApi.as_view(), name="api-sandbox"),
+    path(f"{sandbox}/timeout", apis.SandboxTimeoutApi.as_view(), name="api-sandbox-timeout"),
+    path(f"{sandbox}/stats", apis.SandboxStatsApi.as_view(), name="api-sandbox-stats"),
+    path(f"{sandbox}/commands", apis.SandboxCommandApi.as_view(), name="api-sandbox-commands"),
+    path(f"{sandbox}/code", apis.SandboxCodeApi.as_view(), name="api-sandbox-code"),
+    path(f"{sandbox}/files", apis.FilesApi.as_view(), name="api-sandbox-files"),
+    path(
+        f"{sandbox}/files/content", apis.FileContentApi.as_view(), name="api-sandbox-file-content"
+    ),
+    path(f"{sandbox}/files/stat", apis.FileStatApi.as_view(), name="api-sandbox-file-stat"),
+    path(f"{sandbox}/files/mkdir", apis.MkdirApi.as_view(), name="api-sandbox-mkdir"),
+    path(f"{sandbox}/files/move", apis.MoveApi.as_view(), name="api-sandbox-move"),
+    path(f"{sandbox}/processes", apis.ProcessListApi.as_view(), name="api-sandbox-processes"),
+    path(
+        f"{sandbox}/processes/<int:pid>/signal",
+        apis.ProcessSignalApi.as_view(),
+        name="api-sandbox-process-signal",
+    ),
+    path(f"{sandbox}/tokens", apis.SandboxTokenApi.as_view(), name="api-sandbox-tokens"),
+    path("run", apis.RunApi.as_view(), name="api-run"),
+    path("providers", apis.ProviderListApi.as_view(), name="api-providers"),
+]

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One command: install, migrate, ensure the demo login, then serve daphne + Celery worker + beat
+# on embedded defaults (SQLite, in-memory channel layer, filesystem broker, local provider).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+export DJANGO_SETTINGS_MODULE=playground.settings
+mkdir -p var
+PY=.venv/bin/python
+$PY manage.py migrate --noinput
+$PY manage.py ensure_demo
+
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+.venv/bin/celery -A playground worker --loglevel=INFO --concurrency=2 --without-gossip --without-mingle &
+pids+=($!)
+.venv/bin/celery -A playground beat --loglevel=INFO --schedule var/celerybeat-schedule &
+pids+=($!)
+.venv/bin/daphne -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
+pids+=($!)
+echo "==> Sandpit is starting on http://${SANDPIT_BIND:-127.0.0.1}:${SANDPIT_PORT:-8000}/ (Ctrl-C stops everything)"
+wait -n "${pids[@]}"

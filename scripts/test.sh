@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One command runs the whole suite against the real parts: PostgreSQL, Redis, bubblewrap,
+# a Docker engine (started here if needed) and headless Chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh --dev
+
+# PostgreSQL and Redis on this machine: start them when they are not running.
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  echo "==> starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "==> starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+
+# A Docker engine and the sandbox image (cached); the docker tests fail under CI without them.
+if ! ./scripts/docker-up.sh; then
+  echo "==> no Docker engine could be started; docker tests will skip (or fail under CI=true)"
+fi
+if docker info >/dev/null 2>&1; then
+  ./scripts/build-sandbox-image.sh
+fi
+
+export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sandpit}
+export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
+export SANDPIT_PROVIDERS=${SANDPIT_PROVIDERS:-local,docker}
+export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
+mkdir -p "$SANDPIT_ARTIFACTS"
+exec .venv/bin/pytest "$@"

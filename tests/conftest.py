@@ -1,0 +1,111 @@
+"""Shared fixtures: organizations (alice's, bob on her team, charlie the outsider) and API clients."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.models import Membership, Organization, Role, User
+from accounts.services import api_key_create
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def alice(db) -> User:  # type: ignore[no-untyped-def]
+    return User.objects.create_user(email="alice@example.com", password="correct horse battery")
+
+
+@pytest.fixture
+def bob(db) -> User:  # type: ignore[no-untyped-def]
+    return User.objects.create_user(email="bob@example.com", password="correct horse battery")
+
+
+@pytest.fixture
+def charlie(db) -> User:  # type: ignore[no-untyped-def]
+    return User.objects.create_user(email="charlie@example.com", password="correct horse battery")
+
+
+@pytest.fixture
+def org_a(alice, bob) -> Organization:  # type: ignore[no-untyped-def]
+    org = Organization.objects.create(name="Org A", slug="org-a", plan="premium")
+    Membership.objects.create(user=alice, organization=org, role=Role.OWNER)
+    Membership.objects.create(user=bob, organization=org, role=Role.MEMBER)
+    return org
+
+
+@pytest.fixture
+def org_b(charlie) -> Organization:  # type: ignore[no-untyped-def]
+    org = Organization.objects.create(name="Org B", slug="org-b", plan="premium")
+    Membership.objects.create(user=charlie, organization=org, role=Role.OWNER)
+    return org
+
+
+@pytest.fixture
+def key_a(org_a, alice) -> str:  # type: ignore[no-untyped-def]
+    return api_key_create(organization=org_a, name="key a", created_by=alice).secret
+
+
+@pytest.fixture
+def key_b(org_b, charlie) -> str:  # type: ignore[no-untyped-def]
+    return api_key_create(organization=org_b, name="key b", created_by=charlie).secret
+
+
+def _client(secret: str | None = None) -> APIClient:
+    client = APIClient()
+    if secret:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
+
+
+@pytest.fixture
+def api_a(key_a) -> APIClient:  # type: ignore[no-untyped-def]
+    return _client(key_a)
+
+
+@pytest.fixture
+def api_b(key_b) -> APIClient:  # type: ignore[no-untyped-def]
+    return _client(key_b)
+
+
+@pytest.fixture
+def anon_api() -> APIClient:
+    return _client()
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    """The one error shape, with the expected status (and code when given)."""
+    assert response.status_code == status, (response.status_code, response.content[:500])
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"]["code"], str) and body["error"]["code"]
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    return body["error"]
+
+
+@pytest.fixture
+def local_sandboxes(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """The real local (bubblewrap) provider under a per-test root; everything destroyed after."""
+    from sandboxes.providers import get_provider, reset_providers
+
+    settings.SANDPIT_PROVIDERS = ["local"]
+    settings.SANDPIT_DEFAULT_PROVIDER = "local"
+    settings.SANDPIT_LOCAL_ROOT = tmp_path / "sandboxes"
+    reset_providers()
+    provider = get_provider("local")
+    yield provider
+    for handle in provider.list():
+        provider.destroy(handle.provider_id)
+    reset_providers()
+
+
+@pytest.fixture
+def sandbox_a(api_a, local_sandboxes) -> dict:  # type: ignore[no-untyped-def]
+    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()

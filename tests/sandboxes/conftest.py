@@ -1,0 +1,35 @@
+"""Provider fixtures: the contract suite runs against every provider with these."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from sandboxes.providers.base import SandboxProvider, SandboxSpec
+
+
+@pytest.fixture(scope="session")
+def local_provider(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from sandboxes.providers.local import LocalProvider
+
+    return LocalProvider(root_dir=tmp_path_factory.mktemp("local-sandboxes"))
+
+
+@pytest.fixture(scope="session")
+def docker_provider():  # type: ignore[no-untyped-def]
+    from tests.docker_support import docker_provider_or_skip
+
+    return docker_provider_or_skip()
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def provider(request) -> SandboxProvider:  # type: ignore[no-untyped-def]
+    return request.getfixturevalue(f"{request.param}_provider")
+
+
+@pytest.fixture
+def sandbox(provider):  # type: ignore[no-untyped-def]
+    handle = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    yield handle.provider_id
+    provider.destroy(handle.provider_id)
