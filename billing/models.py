@@ -27,7 +27,9 @@ class UsageEvent(models.Model):
     event_id = models.CharField(max_length=100, unique=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
     api_key_id = models.BigIntegerField(
-        null=True, blank=True, help_text="The API key that made the call; empty for sessions and sandbox tokens."
+        null=True,
+        blank=True,
+        help_text="The API key that made the call; empty for sessions and sandbox tokens.",
     )
     operation = models.CharField(max_length=64)
     occurred_at = models.DateTimeField(help_text="When the execution was recorded (UTC).")
@@ -39,7 +41,9 @@ class UsageEvent(models.Model):
         indexes = [
             models.Index(fields=["organization", "occurred_at"], name="usage_event_org_time"),
             models.Index(
-                fields=["id"], condition=Q(aggregated_at__isnull=True), name="usage_event_unaggregated"
+                fields=["id"],
+                condition=Q(aggregated_at__isnull=True),
+                name="usage_event_unaggregated",
             ),
         ]
 
@@ -95,7 +99,9 @@ class PlanChange(models.Model):
     canceled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["organization", "effective_at"], name="plan_change_org_time")]
+        indexes = [
+            models.Index(fields=["organization", "effective_at"], name="plan_change_org_time")
+        ]
 
     def __str__(self) -> str:
         return f"{self.organization_id}: {self.previous_plan} → {self.plan} at {self.effective_at:%Y-%m-%d %H:%M}"
@@ -114,7 +120,9 @@ class Invoice(models.Model):
     even from two workers at once, issues one invoice. Amounts are integer cents.
     """
 
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invoices")
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="invoices"
+    )
     period_start = models.DateField(help_text="First day of the billed UTC month.")
     period_end = models.DateField(help_text="First day of the following month (exclusive).")
     plan = models.CharField(max_length=20, choices=Plan.choices)
@@ -122,7 +130,9 @@ class Invoice(models.Model):
     included_executions = models.PositiveBigIntegerField()
     total_cents = models.PositiveBigIntegerField()
     currency = models.CharField(max_length=3, default="usd")
-    status = models.CharField(max_length=10, choices=InvoiceStatus.choices, default=InvoiceStatus.OPEN)
+    status = models.CharField(
+        max_length=10, choices=InvoiceStatus.choices, default=InvoiceStatus.OPEN
+    )
     issued_at = models.DateTimeField(default=timezone.now)
     paid_at = models.DateTimeField(null=True, blank=True)
     voided_at = models.DateTimeField(null=True, blank=True)
@@ -196,7 +206,9 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["organization", "key"], name="one_idempotency_key_per_org")
+            models.UniqueConstraint(
+                fields=["organization", "key"], name="one_idempotency_key_per_org"
+            )
         ]
         indexes = [models.Index(fields=["created_at"], name="idempotency_created")]
 

@@ -5,5 +5,11 @@ from django.urls import path
 from . import views
 
 urlpatterns = [
+    path("sandboxes/<str:sandbox_id>/", views.playground, name="playground"),
     path("team/", views.team, name="team"),
+    path("billing/", views.billing, name="billing"),
+    path("staff/", views.staff, name="staff"),
+    path(
+        "staff/sandboxes/<str:sandbox_id>/kill", views.staff_sandbox_kill, name="staff-sandbox-kill"
+    ),
 ]

@@ -85,6 +85,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "playground.metrics.LatencyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "playground.middleware.RequestIdMiddleware",
@@ -119,7 +120,12 @@ TEMPLATES = [
 # --- Database -----------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Persistent connections do not suit ASGI thread pools: each thread would keep its own.
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DJANGO_CONN_MAX_AGE", 0), conn_health_checks=True
+        )
+    }
 else:
     DATABASES = {
         "default": {
@@ -205,6 +211,8 @@ STORAGES = {
     },
 }
 WHITENOISE_USE_FINDERS = not PRODUCTION
+if not PRODUCTION:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
 
 # --- REST framework ---------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -219,7 +227,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "playground.pagination.CursorlessPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "playground.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "playground.schema.SandpitAutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.PerKeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("SANDPIT_API_RATE", "6000/min")},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -275,7 +283,7 @@ LOGGING = {
 # --- Security -----------------------------------------------------------------------------
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the playground's JS reads it to call the API with the session
-X_FRAME_OPTIONS = "SAMEORIGIN"
+X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 if PRODUCTION:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -286,3 +294,14 @@ if PRODUCTION:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_REFERRER_POLICY = "same-origin"
+
+# --- Operations: reaper, reconciler, metrics (see OPERATIONS.md) ---------------------------
+# Idle timeout and max lifetime are SANDPIT_IDLE_TIMEOUT_S / SANDPIT_MAX_LIFETIME_S above.
+SANDPIT_ORPHAN_GRACE_S = env_int("SANDPIT_ORPHAN_GRACE_S", 60)
+SANDPIT_CREATE_STALE_S = env_int("SANDPIT_CREATE_STALE_S", 600)
+SANDPIT_PRE_STOP_HOOK = env_str("SANDPIT_PRE_STOP_HOOK")
+SANDPIT_PRE_STOP_HOOK_TIMEOUT_S = env_int("SANDPIT_PRE_STOP_HOOK_TIMEOUT_S", 10)
+SANDPIT_REAP_BATCH = env_int("SANDPIT_REAP_BATCH", 500)
+# Beat intervals; playground/celery.py should read these (they default to its 60 s / 300 s).
+SANDPIT_REAP_INTERVAL_S = env_int("SANDPIT_REAP_INTERVAL_S", 60)
+SANDPIT_RECONCILE_INTERVAL_S = env_int("SANDPIT_RECONCILE_INTERVAL_S", 300)

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import views as account_views
 
-from . import health, views
+from . import health, metrics, views
 
 handler404 = "playground.errors.handler404"
 handler500 = "playground.errors.handler500"
@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/signup/", account_views.signup, name="signup"),
     path(

@@ -26,3 +26,142 @@ def sandbox_event_broadcast(sandbox_id: str, event: dict[str, Any]) -> None:
         )
     except Exception:  # noqa: BLE001 - a broadcast must not break the operation
         logger.warning("could not broadcast sandbox event", exc_info=True)
+
+
+# --- Who is on the other end of a socket (WebSocket consumers and the preview proxy) -----------
+
+WS_AUTH_FAILED = 4401
+WS_PAYMENT_REQUIRED = 4402
+WS_FORBIDDEN = 4403
+WS_NOT_FOUND = 4404
+
+
+class RealtimeDenied(Exception):
+    """A socket (or preview request) may not proceed. `close_code` is the WebSocket close code;
+    `http_status` what the preview proxy answers; `code`/`message` the error body."""
+
+    def __init__(self, close_code: int, http_status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.close_code = close_code
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _query_param(scope: dict[str, Any], name: str) -> str | None:
+    from urllib.parse import parse_qs
+
+    values = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get(name)
+    return values[-1] if values else None
+
+
+def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = None) -> Any:
+    """Resolve the caller of an ASGI scope to a Principal (synchronous: ORM inside).
+
+    Order: `?token=` sandbox JWT, then `Authorization: Bearer` (API key or JWT), then
+    `cookie_token` (the preview proxy's path-scoped cookie), then the browser session.
+    A credential that is presented but invalid is refused (never falls through to the
+    next one). Raises RealtimeDenied(4401) when there is no valid credential.
+    """
+    from types import SimpleNamespace
+
+    from accounts.authentication import (
+        Principal,
+        principal_for_session_user,
+        principal_from_sandbox_token,
+    )
+    from accounts.services import API_KEY_PREFIX, api_key_authenticate
+    from accounts.tokens import looks_like_jwt
+
+    def denied(message: str) -> RealtimeDenied:
+        return RealtimeDenied(WS_AUTH_FAILED, 401, "authentication_failed", message)
+
+    token = _query_param(scope, "token")
+    if token:
+        principal = principal_from_sandbox_token(token)
+        if principal is None:
+            raise denied("The sandbox token is not valid or has expired.")
+        return principal
+    authorization = _header(scope, b"authorization")
+    if authorization:
+        parts = authorization.split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            raise denied("Use 'Authorization: Bearer <API key or sandbox token>'.")
+        secret = parts[1]
+        if secret.startswith(API_KEY_PREFIX):
+            api_key = api_key_authenticate(secret)
+            if api_key is None:
+                raise denied("Unknown, revoked or expired API key.")
+            return Principal(organization=api_key.organization, api_key=api_key)
+        if looks_like_jwt(secret):
+            principal = principal_from_sandbox_token(secret)
+            if principal is None:
+                raise denied("The sandbox token is not valid or has expired.")
+            return principal
+        raise denied("Unknown credential.")
+    if cookie_token:
+        principal = principal_from_sandbox_token(cookie_token)
+        if principal is not None:
+            return principal
+    user = scope.get("user")
+    if user is not None and getattr(user, "is_authenticated", False):
+        principal = principal_for_session_user(
+            SimpleNamespace(user=user, session=scope.get("session"))
+        )
+        if principal is not None:
+            return principal
+    raise denied("Sign in, or pass an API key (Authorization header) or ?token=.")
+
+
+def realtime_authorize(
+    scope: dict[str, Any],
+    *,
+    sandbox_id: str,
+    required_scope: str | None,
+    feature: str | None,
+    cookie_token: str | None = None,
+) -> tuple[Any, Any]:
+    """Authenticate, apply tenancy, token scope and billing for a socket on one sandbox.
+
+    Returns (principal, sandbox). Raises RealtimeDenied: 4401 no/invalid credential,
+    4404 not this caller's sandbox (also another sandbox's token), 4403 token scope
+    missing, 4402 the plan does not allow `feature` (metering_authorize)."""
+    from billing.metering import metering_authorize
+    from playground.errors import NotFound, PaymentRequired
+
+    from .selectors import sandbox_get_for_principal
+
+    principal = principal_from_scope(scope, cookie_token=cookie_token)
+    try:
+        sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
+    except NotFound as exc:
+        raise RealtimeDenied(WS_NOT_FOUND, 404, exc.code, exc.message) from None
+    if required_scope and not principal.has_scope(required_scope):
+        raise RealtimeDenied(
+            WS_FORBIDDEN, 403, "scope_missing", f"This token lacks the '{required_scope}' scope."
+        )
+    if feature:
+        try:
+            metering_authorize(organization=principal.organization, feature=feature)
+        except PaymentRequired as exc:
+            raise RealtimeDenied(WS_PAYMENT_REQUIRED, 402, exc.code, exc.message) from None
+    return principal, sandbox
+
+
+def realtime_record(principal: Any, operation: str, event_id: str | None = None) -> None:
+    """Count one execution for a real-time operation (synchronous; call from a thread)."""
+    from billing.metering import metering_record
+
+    metering_record(
+        organization_id=principal.organization.pk,
+        api_key_id=principal.api_key.pk if principal.api_key else None,
+        operation=operation,
+        event_id=event_id,
+    )

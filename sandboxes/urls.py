@@ -28,3 +28,25 @@ urlpatterns = [
     path("run", apis.RunApi.as_view(), name="api-run"),
     path("providers", apis.ProviderListApi.as_view(), name="api-providers"),
 ]
+
+# Real-time layer (sandboxes/realtime_apis.py)
+from . import realtime_apis  # noqa: E402
+
+urlpatterns += [
+    path(
+        f"{sandbox}/terminals",
+        realtime_apis.TerminalListApi.as_view(),
+        name="api-sandbox-terminals",
+    ),
+    path(
+        f"{sandbox}/terminals/<str:terminal_id>",
+        realtime_apis.TerminalDetailApi.as_view(),
+        name="api-sandbox-terminal",
+    ),
+    path(
+        f"{sandbox}/terminals/<str:terminal_id>/resize",
+        realtime_apis.TerminalResizeApi.as_view(),
+        name="api-sandbox-terminal-resize",
+    ),
+    path(f"{sandbox}/ports", realtime_apis.PortListApi.as_view(), name="api-sandbox-ports"),
+]

@@ -87,4 +87,8 @@ if ! DOCKER_BUILDKIT=0 docker build --pull=false -t "$TAG" -t "$IMAGE:latest" "$
     exit 1
 fi
 rm -f "$build_log"
+# Older content-hash tags are dead weight; an image still used by a container stays.
+for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$IMAGE" | grep -v -e ":latest$" -e "^$TAG$"); do
+    docker rmi "$old" >/dev/null 2>&1 || true
+done
 say "built $TAG (+ $IMAGE:latest) in $(($(now_ms) - t1)) ms; total $(($(now_ms) - t0)) ms"

@@ -24,7 +24,7 @@ if [ -n "${DOCKER_HOST:-}" ] && [[ "${DOCKER_HOST}" != unix://* ]]; then
     exit 1
 fi
 
-if ! command -v dockerd >/dev/null 2>&1; then
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
     if [ "$(id -u)" != 0 ]; then
         say "dockerd is not installed and we are not root; install docker.io first"
         exit 1

@@ -10,6 +10,13 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   echo "==> starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
 fi
+# The live-server tests open many connections at once (32 clients, daphne's thread pool).
+if [ "$(psql -h 127.0.0.1 -U postgres -tAc 'show max_connections' 2>/dev/null || echo 0)" -lt 300 ]; then
+  echo "==> raising PostgreSQL max_connections to 400"
+  psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = 400"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart
+  until pg_isready -h 127.0.0.1 -p 5432 -q; do sleep 0.2; done
+fi
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "==> starting Redis"
   mkdir -p /var/lib/redis /var/log/redis

@@ -89,19 +89,25 @@ def assert_error(response, status: int, code: str | None = None) -> dict:  # typ
 
 
 @pytest.fixture
-def local_sandboxes(settings, tmp_path):  # type: ignore[no-untyped-def]
+def local_sandboxes(settings):  # type: ignore[no-untyped-def]
     """The real local (bubblewrap) provider under a per-test root; everything destroyed after."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from sandboxes.providers import get_provider, reset_providers
 
     settings.SANDPIT_PROVIDERS = ["local"]
     settings.SANDPIT_DEFAULT_PROVIDER = "local"
-    settings.SANDPIT_LOCAL_ROOT = tmp_path / "sandboxes"
+    root = Path(tempfile.mkdtemp(prefix="sp-"))
+    settings.SANDPIT_LOCAL_ROOT = root
     reset_providers()
     provider = get_provider("local")
     yield provider
     for handle in provider.list():
         provider.destroy(handle.provider_id)
     reset_providers()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def test_check_deploy_is_clean_in_production_settings(tmp_path):
     env = {
         **os.environ,
         "DJANGO_ENV": "production",
-        "DJANGO_SECRET_KEY": "x7" * 32,
+        "DJANGO_SECRET_KEY": "k3Jx9-QmV2pL8rT5wZ1nB7cY4hF6gD0sA_eU3iO9pK2lM5vN8xC1zR4tW7yH0jG",
         "DJANGO_ALLOWED_HOSTS": "sandpit.example.com",
         "SANDPIT_VAR_DIR": str(tmp_path),
     }

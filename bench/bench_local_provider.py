@@ -1,0 +1,121 @@
+"""Raw LocalProvider latency against bare bubblewrap on this machine.
+
+Usage: .venv/bin/python bench/bench_local_provider.py [runs]
+Prints p50/p95 in ms for: bwrap spawning `python3 -c pass` with the jail's own
+flags; create + first exec of the same command; exec round trips; destroy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandboxes.providers.base import ExecRequest, SandboxSpec  # noqa: E402
+from sandboxes.providers.local import (
+    LocalProvider,  # noqa: E402
+    jail,  # noqa: E402
+)
+
+PASS = ExecRequest(command="python3", args=["-c", "pass"])
+TRUE = ExecRequest(command="true", args=[])
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(name: str, samples: list[float]) -> None:
+    print(
+        f"{name:<38} p50 {pct(samples, 0.5):7.2f} ms   p95 {pct(samples, 0.95):7.2f} ms"
+        f"   mean {statistics.mean(samples):7.2f}"
+    )
+
+
+def raw_bwrap_argv(root: Path) -> list[str]:
+    """The jail's own bwrap flags, running `python3 -c pass` instead of the agent."""
+    sdir = root / "raw"
+    for sub in ("workspace", "tmp", "run"):
+        (sdir / sub).mkdir(parents=True, exist_ok=True)
+    etc = root / ".sandpit" / "etc"
+    jail.write_shared_etc(etc)
+    r, w = os.pipe()
+    argv = jail.bwrap_argv(
+        bwrap="bwrap",
+        sandbox_dir=sdir,
+        shared_etc=etc,
+        network=False,
+        env=jail.base_env({}),
+        info_fd=w,
+        block_fd=r,
+        agent_config={},
+    )
+    os.close(r)
+    os.close(w)
+    cut = argv.index("--info-fd")
+    return argv[:cut] + ["/usr/bin/python3", "-c", "pass"]
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    root = Path(tempfile.mkdtemp(prefix="sandpit-bench-"))
+    provider = LocalProvider(root / "sandboxes")
+
+    argv = raw_bwrap_argv(root / "sandboxes")
+    raw = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True)
+        raw.append((time.perf_counter() - t) * 1000)
+
+    create, first, create_first, destroy = [], [], [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sid = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+        t1 = time.perf_counter()
+        assert provider.exec(sid, PASS).exit_code == 0
+        t2 = time.perf_counter()
+        provider.destroy(sid)
+        t3 = time.perf_counter()
+        create.append((t1 - t0) * 1000)
+        first.append((t2 - t1) * 1000)
+        create_first.append((t2 - t0) * 1000)
+        destroy.append((t3 - t2) * 1000)
+
+    sid = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    rt_pass, rt_true, rt_write = [], [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        provider.exec(sid, PASS)
+        rt_pass.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        provider.exec(sid, TRUE)
+        rt_true.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        provider.write_file(sid, "bench.txt", b"x" * 1024)
+        rt_write.append((time.perf_counter() - t) * 1000)
+    provider.destroy(sid)
+
+    print(f"runs: {runs}")
+    report("raw bwrap `python3 -c pass`", raw)
+    report("create()", create)
+    report("first exec `python3 -c pass`", first)
+    report("create + first exec", create_first)
+    report("exec round trip `python3 -c pass`", rt_pass)
+    report("exec round trip `true`", rt_true)
+    report("write_file 1 KiB", rt_write)
+    report("destroy()", destroy)
+    target = 2 * pct(raw, 0.5) + 10
+    print(f"target create+first p50 <= 2*raw+10 = {target:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""REST endpoints for usage, invoices, the plan and the spending cap. Thin: parse, authorize,
+call one selector or service, render."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from accounts.permissions import HasOrganization, IsOrganizationManager, principal_of
+
+from . import pricing, selectors, services
+from .models import Invoice
+
+
+class CsvRenderer(BaseRenderer):
+    """Lets `?format=csv` and `usage.csv` through content negotiation; errors stay JSON."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        if isinstance(data, bytes | str):
+            return data.encode() if isinstance(data, str) else data
+        return json.dumps(data).encode()
+
+
+class JsonErrorsMixin:
+    """Render error responses as JSON even when CSV was negotiated."""
+
+    def finalize_response(self, request, response, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(response, Response) and response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+
+
+class IsStaffUser(BasePermission):
+    """A signed-in staff user (browser session). API keys and sandbox tokens never are."""
+
+    message = "Only Sandpit staff can do this."
+
+    def has_permission(self, request, view):  # type: ignore[no-untyped-def]
+        user = getattr(request, "user", None)
+        return bool(user is not None and user.is_authenticated and getattr(user, "is_staff", False))
+
+
+class LineOutput(serializers.Serializer):
+    kind = serializers.CharField()
+    description = serializers.CharField()
+    quantity = serializers.IntegerField()
+    unit_price_cents = serializers.DecimalField(max_digits=12, decimal_places=4)
+    amount_cents = serializers.IntegerField()
+
+
+class InvoiceOutput(serializers.ModelSerializer):
+    lines = LineOutput(many=True)
+    total = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Invoice
+        fields = [
+            "id",
+            "period_start",
+            "period_end",
+            "plan",
+            "executions",
+            "included_executions",
+            "total_cents",
+            "total",
+            "currency",
+            "status",
+            "issued_at",
+            "paid_at",
+            "voided_at",
+            "lines",
+        ]
+
+    def get_total(self, obj: Invoice) -> str:
+        return pricing.format_cents(obj.total_cents)
+
+
+class UsageApi(JsonErrorsMixin, APIView):
+    """GET usage of the current period (JSON), or ?format=csv / usage.csv for the export."""
+
+    permission_classes = [HasOrganization]
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    def get(self, request, format: str | None = None):  # type: ignore[no-untyped-def]
+        organization = principal_of(request).organization
+        if request.accepted_renderer.format == "csv":
+            return self._csv(organization)
+        usage = selectors.usage_summary(organization=organization)
+        return Response(
+            {
+                "period_start": usage.period_start,
+                "period_end": usage.period_end,
+                "plan": usage.plan,
+                "executions": usage.executions,
+                "included_executions": usage.included_executions,
+                "remaining_included_executions": max(
+                    0, usage.included_executions - usage.executions
+                ),
+                "amount_so_far_cents": usage.amount_so_far_cents,
+                "projected_executions": usage.projected_executions,
+                "projected_cents": usage.projected_cents,
+                "spending_cap_cents": usage.spending_cap_cents,
+                "by_day": [{"day": day, "executions": n} for day, n in usage.by_day],
+                "by_key": [
+                    {"api_key_id": k.api_key_id, "name": k.name, "executions": k.executions}
+                    for k in usage.by_key
+                ],
+            }
+        )
+
+    def _csv(self, organization):  # type: ignore[no-untyped-def]
+        from django.http import HttpResponse
+        from django.utils import timezone
+
+        start = pricing.period_start(timezone.now())
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(["day", "api_key_id", "api_key_name", "executions"])
+        for day, key_id, name, count in selectors.usage_rows(
+            organization=organization, start=start
+        ):
+            writer.writerow([day.isoformat(), key_id or "", name, count])
+        response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="usage-{start:%Y-%m}.csv"'
+        return response
+
+
+class InvoiceListApi(APIView):
+    permission_classes = [HasOrganization]
+
+    @extend_schema(responses=InvoiceOutput(many=True))
+    def get(self, request):  # type: ignore[no-untyped-def]
+        invoices = selectors.invoices_for_org(organization=principal_of(request).organization)
+        paginator = api_settings.DEFAULT_PAGINATION_CLASS()
+        page = paginator.paginate_queryset(invoices, request, view=self)
+        return paginator.get_paginated_response(InvoiceOutput(page, many=True).data)
+
+
+class InvoiceDetailApi(APIView):
+    permission_classes = [HasOrganization]
+
+    @extend_schema(responses=InvoiceOutput)
+    def get(self, request, invoice_id: int):  # type: ignore[no-untyped-def]
+        invoice = selectors.invoice_get_for_org(
+            organization=principal_of(request).organization, invoice_id=invoice_id
+        )
+        return Response(InvoiceOutput(invoice).data)
+
+
+def _quote_lines(quote: pricing.Quote) -> list[dict[str, Any]]:
+    return [LineOutput(line).data for line in quote.lines]
+
+
+class InvoiceUpcomingApi(APIView):
+    """The current period's invoice as it stands now, and projected to the period's end."""
+
+    permission_classes = [HasOrganization]
+
+    def get(self, request):  # type: ignore[no-untyped-def]
+        upcoming = selectors.invoice_upcoming(organization=principal_of(request).organization)
+        return Response(
+            {
+                "period_start": upcoming.period_start,
+                "period_end": upcoming.period_end,
+                "plan": upcoming.plan,
+                "executions": upcoming.executions,
+                "total_cents": upcoming.quote.total_cents,
+                "total": pricing.format_cents(upcoming.quote.total_cents),
+                "lines": _quote_lines(upcoming.quote),
+                "projected": {
+                    "executions": upcoming.projected.executions,
+                    "total_cents": upcoming.projected.total_cents,
+                    "lines": _quote_lines(upcoming.projected),
+                },
+            }
+        )
+
+
+class InvoiceMarkPaidApi(APIView):
+    """Staff only: record that an invoice was paid outside Sandpit."""
+
+    permission_classes = [IsStaffUser]
+
+    class Input(serializers.Serializer):
+        reference = serializers.CharField(
+            max_length=200, required=False, allow_blank=True, default=""
+        )
+
+    @extend_schema(request=Input, responses=InvoiceOutput)
+    def post(self, request, invoice_id: int):  # type: ignore[no-untyped-def]
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        invoice = selectors.invoice_get(invoice_id=invoice_id)
+        services.invoice_mark_paid(
+            invoice=invoice, recorded_by=request.user, reference=data.validated_data["reference"]
+        )
+        return Response(InvoiceOutput(invoice).data)
+
+
+def _plan_body(state: services.PlanState) -> dict[str, Any]:
+    return {
+        "plan": state.plan,
+        "scheduled_plan": state.scheduled_plan,
+        "scheduled_at": state.scheduled_at,
+    }
+
+
+class PlanApi(APIView):
+    """GET the plan (and any scheduled change); POST {"plan"} to change it (owners/admins)."""
+
+    class Input(serializers.Serializer):
+        plan = serializers.ChoiceField(choices=list(pricing.PLANS))
+
+    def get_permissions(self):  # type: ignore[no-untyped-def]
+        return [HasOrganization()] if self.request.method == "GET" else [IsOrganizationManager()]
+
+    def get(self, request):  # type: ignore[no-untyped-def]
+        return Response(
+            _plan_body(services.plan_state(organization=principal_of(request).organization))
+        )
+
+    @extend_schema(request=Input)
+    def post(self, request):  # type: ignore[no-untyped-def]
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        principal = principal_of(request)
+        state = services.organization_plan_change(
+            organization=principal.organization,
+            plan=data.validated_data["plan"],
+            requested_by=principal.user,
+        )
+        return Response(_plan_body(state))
+
+
+class SpendingCapApi(APIView):
+    """PUT {"cap_cents": int|null}: the hard cap on a period's invoice total (owners/admins)."""
+
+    permission_classes = [IsOrganizationManager]
+
+    class Input(serializers.Serializer):
+        cap_cents = serializers.IntegerField(min_value=0, max_value=10**12, allow_null=True)
+
+    @extend_schema(request=Input)
+    def put(self, request):  # type: ignore[no-untyped-def]
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        organization = principal_of(request).organization
+        services.organization_spending_cap_set(
+            organization=organization, cap_cents=data.validated_data["cap_cents"]
+        )
+        return Response({"cap_cents": organization.spending_cap_cents})

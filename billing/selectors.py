@@ -1,0 +1,262 @@
+"""Billing reads: usage of a period, the plan in effect, invoices and the upcoming one."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from django.conf import settings
+from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
+
+from accounts.models import ApiKey, Organization
+from playground.errors import NotFound
+
+from . import pricing
+from .metering import get_meter
+from .models import Invoice, PlanChange, UsageDaily, UsageEvent
+
+
+def usage_count_in_ledger(*, organization_id: int, start: date) -> int:
+    """Executions of the period already in the database: the rollup plus ledger rows not
+    yet folded into it (embedded mode). Excludes events still in Redis."""
+    begin, end = pricing.period_bounds(start)
+    rolled = UsageDaily.objects.filter(
+        organization_id=organization_id, day__gte=begin.date(), day__lt=end.date()
+    ).aggregate(total=Sum("count"))["total"]
+    loose = UsageEvent.objects.filter(
+        aggregated_at__isnull=True,
+        organization_id=organization_id,
+        occurred_at__gte=begin,
+        occurred_at__lt=end,
+    ).count()
+    return int(rolled or 0) + loose
+
+
+def usage_count_between(*, organization_id: int, begin: datetime, end: datetime) -> int:
+    """Ledger rows of the organization with begin <= occurred_at < end (an index range count)."""
+    return UsageEvent.objects.filter(
+        organization_id=organization_id, occurred_at__gte=begin, occurred_at__lt=end
+    ).count()
+
+
+def plan_change_due(*, organization_id: int, now: datetime) -> bool:
+    """A scheduled plan change has reached its effective time but is not applied yet."""
+    return PlanChange.objects.filter(
+        organization_id=organization_id,
+        applied_at__isnull=True,
+        canceled_at__isnull=True,
+        effective_at__lte=now,
+    ).exists()
+
+
+def plan_scheduled(*, organization: Organization) -> PlanChange | None:
+    """The plan change waiting for its effective time, if any."""
+    return (
+        PlanChange.objects.filter(
+            organization=organization, applied_at__isnull=True, canceled_at__isnull=True
+        )
+        .order_by("-effective_at")
+        .first()
+    )
+
+
+def plan_for_period(*, organization: Organization, start: date) -> str:
+    """The plan a period is billed at: the plan in effect at the period's last instant.
+
+    So an upgrade during a period bills that whole period as premium; a downgrade, which
+    takes effect when the next period starts, leaves the current period premium.
+    """
+    _, end = pricing.period_bounds(start)
+    changes = list(
+        PlanChange.objects.filter(organization=organization, canceled_at__isnull=True).order_by(
+            "effective_at", "id"
+        )
+    )
+    in_effect = [change for change in changes if change.effective_at < end]
+    if in_effect:
+        return in_effect[-1].plan
+    if changes:
+        return changes[0].previous_plan
+    return organization.plan
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    api_key_id: int | None
+    """None for calls without an API key (browser session, sandbox token)."""
+    name: str
+    executions: int
+
+
+@dataclass(frozen=True)
+class UsageSummary:
+    """An organization's usage in one period, including executions not flushed yet."""
+
+    period_start: date
+    period_end: date
+    """First day of the next period (exclusive)."""
+    plan: str
+    executions: int
+    included_executions: int
+    """The free allowance or premium's included executions."""
+    by_day: list[tuple[date, int]]
+    """Every day of the period up to today, in order, zeros included."""
+    by_key: list[KeyUsage]
+    amount_so_far_cents: int
+    projected_executions: int
+    projected_cents: int
+    spending_cap_cents: int | None
+
+
+def _usage_counts(organization: Organization, start: date) -> Counter[tuple[date, int]]:
+    """(day, api key id or 0) → executions: rollup + loose ledger rows + unflushed events."""
+    begin, end = pricing.period_bounds(start)
+    counts: Counter[tuple[date, int]] = Counter()
+    for day, key_ref, count in UsageDaily.objects.filter(
+        organization=organization, day__gte=begin.date(), day__lt=end.date()
+    ).values_list("day", "api_key_ref", "count"):
+        counts[(day, key_ref)] += count
+    loose = UsageEvent.objects.filter(
+        aggregated_at__isnull=True,
+        organization=organization,
+        occurred_at__gte=begin,
+        occurred_at__lt=end,
+    ).values_list("occurred_at", "api_key_id")
+    for occurred_at, key_id in loose:
+        counts[(occurred_at.date(), key_id or 0)] += 1
+    pending = get_meter().pending(organization.pk, start)
+    if pending:
+        # Between a flush's commit and its ack an event is in both places: count it once.
+        flushed = set(
+            UsageEvent.objects.filter(event_id__in=[e.event_id for e in pending]).values_list(
+                "event_id", flat=True
+            )
+        )
+        seen: set[str] = set()
+        for event in pending:
+            if event.event_id in flushed or event.event_id in seen:
+                continue
+            seen.add(event.event_id)
+            counts[(event.occurred_at.date(), event.api_key_id or 0)] += 1
+    return counts
+
+
+def usage_summary(*, organization: Organization, now: datetime | None = None) -> UsageSummary:
+    """Usage of the current period so far, its price so far and projected to period end."""
+    now = now or timezone.now()
+    start = pricing.period_start(now)
+    end = pricing.next_period_start(start)
+    counts = _usage_counts(organization, start)
+    per_day: Counter[date] = Counter()
+    per_key: Counter[int] = Counter()
+    for (day, key_ref), count in counts.items():
+        per_day[day] += count
+        per_key[key_ref] += count
+    today = now.date()
+    days = [date(start.year, start.month, d) for d in range(1, (min(today, end) - start).days + 2)]
+    days = [d for d in days if d < end]
+    names = dict(ApiKey.objects.filter(pk__in=[k for k in per_key if k]).values_list("pk", "name"))
+    by_key = sorted(
+        (
+            KeyUsage(
+                api_key_id=key or None,
+                name=names.get(key, "(deleted key)") if key else "(no API key)",
+                executions=count,
+            )
+            for key, count in per_key.items()
+        ),
+        key=lambda usage: (-usage.executions, usage.name),
+    )
+    executions = sum(per_day.values())
+    allowance = settings.SANDPIT_FREE_MONTHLY_EXECUTIONS
+    plan = plan_for_period(organization=organization, start=start)
+    projected = pricing.projected_executions(executions, start=start, now=now)
+    return UsageSummary(
+        period_start=start,
+        period_end=end,
+        plan=plan,
+        executions=executions,
+        included_executions=pricing.included_executions(plan, free_allowance=allowance),
+        by_day=[(d, per_day.get(d, 0)) for d in days],
+        by_key=by_key,
+        amount_so_far_cents=pricing.total_cents(plan, executions, free_allowance=allowance),
+        projected_executions=projected,
+        projected_cents=pricing.total_cents(plan, projected, free_allowance=allowance),
+        spending_cap_cents=organization.spending_cap_cents,
+    )
+
+
+def usage_rows(
+    *, organization: Organization, start: date
+) -> list[tuple[date, int | None, str, int]]:
+    """(day, api key id, key name, executions) for the CSV export, by day then key."""
+    counts = _usage_counts(organization, start)
+    names = dict(
+        ApiKey.objects.filter(pk__in=[k for _, k in counts if k]).values_list("pk", "name")
+    )
+    return [
+        (day, key or None, names.get(key, "(deleted key)") if key else "(no API key)", count)
+        for (day, key), count in sorted(counts.items())
+    ]
+
+
+@dataclass(frozen=True)
+class UpcomingInvoice:
+    """A preview of the current period's invoice: as it stands now and projected."""
+
+    period_start: date
+    period_end: date
+    plan: str
+    executions: int
+    quote: pricing.Quote
+    projected: pricing.Quote
+
+
+def invoice_upcoming(*, organization: Organization, now: datetime | None = None) -> UpcomingInvoice:
+    summary = usage_summary(organization=organization, now=now)
+    allowance = settings.SANDPIT_FREE_MONTHLY_EXECUTIONS
+    return UpcomingInvoice(
+        period_start=summary.period_start,
+        period_end=summary.period_end,
+        plan=summary.plan,
+        executions=summary.executions,
+        quote=pricing.quote(summary.plan, summary.executions, free_allowance=allowance),
+        projected=pricing.quote(
+            summary.plan, summary.projected_executions, free_allowance=allowance
+        ),
+    )
+
+
+def invoices_for_org(*, organization: Organization) -> QuerySet[Invoice]:
+    return (
+        Invoice.objects.filter(organization=organization)
+        .prefetch_related("lines")
+        .order_by("-period_start", "-id")
+    )
+
+
+def invoice_get_for_org(*, organization: Organization, invoice_id: int) -> Invoice:
+    """The organization's invoice; NotFound (404) for a missing id or another organization's."""
+    invoice = invoices_for_org(organization=organization).filter(pk=invoice_id).first()
+    if invoice is None:
+        raise NotFound("No such invoice.")
+    return invoice
+
+
+def invoice_get(*, invoice_id: int) -> Invoice:
+    """Any organization's invoice (staff only); NotFound when missing."""
+    invoice = Invoice.objects.filter(pk=invoice_id).prefetch_related("lines").first()
+    if invoice is None:
+        raise NotFound("No such invoice.")
+    return invoice
+
+
+def usage_ledger_totals(*, organization_id: int, start: date) -> tuple[int, int]:
+    """(ledger rows, rollup total) for a period: equal when the rollup is sound."""
+    begin, end = pricing.period_bounds(start)
+    ledger = UsageEvent.objects.filter(
+        organization_id=organization_id, occurred_at__gte=begin, occurred_at__lt=end
+    ).aggregate(n=Count("id"))["n"]
+    return int(ledger), usage_count_in_ledger(organization_id=organization_id, start=start)

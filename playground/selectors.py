@@ -1,0 +1,129 @@
+"""Reads for the staff dashboard: fleet-wide views that no single app owns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from accounts.models import Organization
+from billing.models import UsageEvent
+from billing.selectors import usage_summary
+from sandboxes.models import LIVE_STATES, Sandbox
+from sandboxes.providers import configured_provider_names, get_provider
+from sandboxes.providers.base import ProviderError
+
+MAX_ORGANIZATIONS_LISTED = 200
+
+
+@dataclass(frozen=True)
+class ProviderStatus:
+    name: str
+    ok: bool
+    detail: str
+    latency_ms: float | None
+    """Round trip of the provider's health probe; None when it could not be built."""
+    live_sandboxes: int
+
+
+@dataclass(frozen=True)
+class OrganizationUsage:
+    organization: Organization
+    plan: str
+    executions: int
+    """Executions in the current billing period, including ones not flushed yet."""
+    included_executions: int
+    amount_so_far_cents: int
+    live_sandboxes: int
+
+
+@dataclass(frozen=True)
+class HourBucket:
+    hour: datetime
+    """Start of the UTC hour."""
+    executions: int
+
+
+def staff_live_sandboxes() -> list[Sandbox]:
+    """Every creating or running sandbox of every organization, oldest first."""
+    return list(
+        Sandbox.objects.filter(state__in=LIVE_STATES)
+        .select_related("organization", "created_by")
+        .order_by("created_at")
+    )
+
+
+def staff_provider_statuses() -> list[ProviderStatus]:
+    """Health of each configured provider (one probe each) and its live sandbox count."""
+    live = dict(
+        Sandbox.objects.filter(state__in=LIVE_STATES)
+        .values_list("provider")
+        .annotate(n=Count("id"))
+        .values_list("provider", "n")
+    )
+    statuses = []
+    for name in configured_provider_names():
+        try:
+            health = get_provider(name).health()
+            statuses.append(
+                ProviderStatus(
+                    name, health.ok, health.detail, round(health.latency_ms, 1), live.get(name, 0)
+                )
+            )
+        except ProviderError as exc:
+            statuses.append(ProviderStatus(name, False, exc.message, None, live.get(name, 0)))
+    return statuses
+
+
+def staff_usage_by_organization() -> list[OrganizationUsage]:
+    """This period's usage of every organization (busiest first), capped for page size."""
+    live = dict(
+        Sandbox.objects.filter(state__in=LIVE_STATES)
+        .values_list("organization_id")
+        .annotate(n=Count("id"))
+        .values_list("organization_id", "n")
+    )
+    rows = []
+    for org in Organization.objects.order_by("name")[:MAX_ORGANIZATIONS_LISTED]:
+        summary = usage_summary(organization=org)
+        rows.append(
+            OrganizationUsage(
+                organization=org,
+                plan=summary.plan,
+                executions=summary.executions,
+                included_executions=summary.included_executions,
+                amount_so_far_cents=summary.amount_so_far_cents,
+                live_sandboxes=live.get(org.pk, 0),
+            )
+        )
+    rows.sort(key=lambda r: (-r.executions, r.organization.name))
+    return rows
+
+
+def staff_executions_per_hour(*, hours: int = 24, now: datetime | None = None) -> list[HourBucket]:
+    """Executions recorded in the ledger per UTC hour over the last `hours`, zeros included.
+    Events still buffered in the meter (Redis) appear after the next flush."""
+    now = now or timezone.now()
+    end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    start = end - timedelta(hours=hours)
+    counts = dict(
+        UsageEvent.objects.filter(occurred_at__gte=start, occurred_at__lt=end)
+        .annotate(hour=TruncHour("occurred_at"))
+        .values_list("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    return [
+        HourBucket(
+            hour=start + timedelta(hours=i), executions=counts.get(start + timedelta(hours=i), 0)
+        )
+        for i in range(hours)
+    ]
+
+
+def staff_sandbox_get(*, sandbox_id: str) -> Sandbox | None:
+    """Any organization's sandbox by id (staff only; callers check is_staff)."""
+    return Sandbox.objects.filter(pk=sandbox_id).select_related("organization").first()

@@ -1,0 +1,539 @@
+"""Port previews: /sandboxes/<id>/ports/<port>/... proxied to a server inside the sandbox.
+
+HTTP and WebSocket are relayed over provider.connect_port (works without sandbox network),
+bodies streamed both ways. The prefix is stripped before forwarding (the app sees "/..."),
+Location and Set-Cookie paths are rewritten back under it, hop-by-hop headers and Sandpit's
+own credentials are never forwarded.
+
+Auth, in order: ?token=<sandbox token with the 'ports' scope> (then remembered in an
+HttpOnly cookie scoped to this preview's path so subresources work), `Authorization: Bearer`
+API key or token, that cookie, or the browser session of an organization member (who also
+gets the cookie). Feature 'ports' (Premium); one execution per page/API request
+(browser subresources - scripts, styles, images - are not counted) and per WebSocket.
+
+Previews are served from Sandpit's own origin, so by default every proxied response carries
+`Content-Security-Policy: sandbox ...` without allow-same-origin: the sandbox's pages run in
+an opaque origin and cannot call Sandpit's API with the viewer's session. Deployments that
+serve previews from a separate origin can turn that off (SANDPIT_PREVIEW_CSP_SANDBOX=False).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from asgiref.sync import sync_to_async
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from . import services
+from .models import SandboxState
+from .providers.base import InvalidRequest, PortStream, ProviderError
+from .realtime import RealtimeDenied, realtime_authorize, realtime_record
+from .terminals import terminal_manager
+
+logger = logging.getLogger(__name__)
+
+PREVIEW_PATH = re.compile(
+    r"^/sandboxes/(?P<sandbox_id>[A-Za-z0-9_-]{1,40})/ports/(?P<port>[0-9]{1,5})(?P<rest>/.*)?$"
+)
+COOKIE_NAME = "sandpit_preview"
+PREVIEW_TOKEN_TTL_S = 3600
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+CSP_SANDBOX = (
+    "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads "
+    "allow-pointer-lock allow-presentation"
+)
+SUBRESOURCE_DESTS = frozenset(
+    {"script", "style", "image", "font", "audio", "video", "track", "manifest", "worker"}
+)
+READ_BYTES = 65536
+HEAD_LIMIT_BYTES = 64 * 1024
+
+
+def csp_sandbox_enabled() -> bool:
+    return bool(getattr(settings, "SANDPIT_PREVIEW_CSP_SANDBOX", True))
+
+
+def _headers(scope: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+
+
+def _cookies(scope: dict[str, Any]) -> dict[str, str]:
+    cookies = scope.get("cookies")
+    if isinstance(cookies, dict):
+        return cookies
+    found: dict[str, str] = {}
+    for name, value in _headers(scope):
+        if name == "cookie":
+            for part in value.split(";"):
+                key, _, val = part.strip().partition("=")
+                found.setdefault(key, val)
+    return found
+
+
+def _connection_listed(headers: list[tuple[str, str]]) -> set[str]:
+    listed: set[str] = set()
+    for name, value in headers:
+        if name == "connection":
+            listed.update(token.strip().lower() for token in value.split(","))
+    return listed
+
+
+def _forward_cookie(value: str) -> str:
+    """The Cookie header minus Sandpit's own cookies (session, CSRF, preview token)."""
+    private = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME, COOKIE_NAME}
+    kept = [
+        part.strip()
+        for part in value.split(";")
+        if part.strip() and part.strip().partition("=")[0] not in private
+    ]
+    return "; ".join(kept)
+
+
+def _rewrite_set_cookie(value: str, prefix: str) -> str:
+    """Pin the sandbox's cookies under its preview path so it can never set cookies for
+    the rest of Sandpit (a 'sessionid' for '/', say)."""
+    parts = [p for p in value.split(";") if p.strip()]
+    kept = [parts[0].strip()] + [
+        p.strip()
+        for p in parts[1:]
+        if p.strip().partition("=")[0].strip().lower() not in ("path", "domain")
+    ]
+    kept.append(f"Path={prefix}/")
+    return "; ".join(kept)
+
+
+def _rewrite_location(value: str, prefix: str, port: int) -> str:
+    for origin in (
+        f"http://localhost:{port}",
+        f"http://127.0.0.1:{port}",
+        f"http://0.0.0.0:{port}",
+    ):
+        if value.startswith(origin):
+            value = value[len(origin) :] or "/"
+            break
+    if value.startswith("/") and not value.startswith("//"):
+        return prefix + value
+    return value
+
+
+async def _send_json(send: Any, status: int, code: str, message: str, **headers: str) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _preview_cookie(scope: dict[str, Any], token: str, prefix: str) -> str:
+    secure = scope.get("scheme") in ("https", "wss")
+    host = dict(_headers(scope)).get("host", "").rsplit(":", 1)[0]
+    local = host in ("localhost", "127.0.0.1", "[::1]")
+    same_site = "SameSite=None; Secure" if secure or local else "SameSite=Lax"
+    return (
+        f"{COOKIE_NAME}={token}; Path={prefix}/; Max-Age={PREVIEW_TOKEN_TTL_S}; "
+        f"HttpOnly; {same_site}"
+    )
+
+
+class _Upstream:
+    """A provider PortStream as asyncio streams (on a duplicate of its descriptor)."""
+
+    def __init__(self, stream: PortStream) -> None:
+        self.stream = stream
+        self.sock = socket.socket(fileno=os.dup(stream.fileno()))
+        self.sock.setblocking(False)
+
+    async def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            await sync_to_async(self.stream.close, thread_sensitive=False)()
+
+
+async def _authorize(scope: dict[str, Any], sandbox_id: str) -> tuple[Any, Any]:
+    return await database_sync_to_async(realtime_authorize)(
+        scope,
+        sandbox_id=sandbox_id,
+        required_scope="ports",
+        feature="ports",
+        cookie_token=_cookies(scope).get(COOKIE_NAME),
+    )
+
+
+def _mint_preview_token(principal: Any, sandbox: Any) -> str:
+    from accounts.tokens import sandbox_token_encode
+
+    token, _ = sandbox_token_encode(
+        sandbox_id=sandbox.id,
+        organization_id=principal.organization.pk,
+        scopes=["ports"],
+        ttl_s=PREVIEW_TOKEN_TTL_S,
+    )
+    return token
+
+
+async def _open_port(sandbox: Any, port: int) -> _Upstream:
+    if sandbox.state != SandboxState.RUNNING:
+        raise ProviderError(f"Sandbox {sandbox.id} is {sandbox.state}, not running.")
+    provider = services.provider_for(sandbox)
+    stream = await sync_to_async(provider.connect_port, thread_sensitive=False)(
+        sandbox.provider_id, port
+    )
+    return _Upstream(stream)
+
+
+class PreviewHttpProxy:
+    """ASGI app for http scopes under /sandboxes/<id>/ports/<port>/."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        match = PREVIEW_PATH.match(scope["path"])
+        assert match is not None
+        sandbox_id, port, rest = match["sandbox_id"], int(match["port"]), match["rest"]
+        prefix = f"/sandboxes/{sandbox_id}/ports/{port}"
+        if not 0 < port < 65536:
+            await _send_json(send, 404, "not_found", "No such port.")
+            return
+        query = [
+            (k, v)
+            for k, v in parse_qsl(
+                scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+            )
+            if k != "token"
+        ]
+        if rest is None:
+            location = (
+                prefix
+                + "/"
+                + (
+                    f"?{scope['query_string'].decode('latin-1')}"
+                    if scope.get("query_string")
+                    else ""
+                )
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 308,
+                    "headers": [(b"location", location.encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        try:
+            principal, sandbox = await _authorize(scope, sandbox_id)
+        except RealtimeDenied as denied:
+            await _send_json(send, denied.http_status, denied.code, denied.message)
+            return
+        headers = _headers(scope)
+        header_map = dict(headers)
+        set_cookie: str | None = None
+        query_token = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("token")
+        if query_token:
+            set_cookie = _preview_cookie(scope, query_token, prefix)
+        elif principal.user is not None and COOKIE_NAME not in _cookies(scope):
+            token = await sync_to_async(_mint_preview_token, thread_sensitive=False)(
+                principal, sandbox
+            )
+            set_cookie = _preview_cookie(scope, token, prefix)
+        try:
+            upstream = await _open_port(sandbox, port)
+        except InvalidRequest as exc:
+            await _send_json(send, 502, "port_not_listening", exc.message)
+            return
+        except ProviderError as exc:
+            await _send_json(send, 502, exc.code, exc.message)
+            return
+        if header_map.get("sec-fetch-dest", "document") not in SUBRESOURCE_DESTS:
+            asyncio.ensure_future(
+                database_sync_to_async(realtime_record)(principal, "ports.request")
+            )
+        try:
+            await self._relay(
+                scope, receive, send, upstream, rest, query, headers, prefix, port, set_cookie
+            )
+        finally:
+            await upstream.close()
+
+    async def _relay(
+        self,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        upstream: _Upstream,
+        rest: str,
+        query: list[tuple[str, str]],
+        headers: list[tuple[str, str]],
+        prefix: str,
+        port: int,
+        set_cookie: str | None,
+    ) -> None:
+        reader, writer = await asyncio.open_connection(sock=upstream.sock)
+        method = scope["method"]
+        target = rest + ("?" + urlencode(query) if query else "")
+        listed = _connection_listed(headers)
+        authorization_is_ours = True  # every Bearer reaching here authenticated us
+        out = [f"{method} {target} HTTP/1.1", f"Host: localhost:{port}"]
+        chunked_body = False
+        for name, value in headers:
+            if name in HOP_BY_HOP or name in listed or name == "host":
+                if name == "transfer-encoding" and "chunked" in value.lower():
+                    chunked_body = True
+                continue
+            if name == "authorization" and authorization_is_ours:
+                continue
+            if name == "cookie":
+                value = _forward_cookie(value)
+                if not value:
+                    continue
+            if name.startswith("x-forwarded-"):
+                continue
+            out.append(f"{name}: {value}")
+        client = scope.get("client") or ("", 0)
+        out += [
+            f"X-Forwarded-For: {client[0]}",
+            f"X-Forwarded-Proto: {scope.get('scheme', 'http')}",
+            f"X-Forwarded-Host: {dict(headers).get('host', '')}",
+            f"X-Forwarded-Prefix: {prefix}",
+            "Connection: close",
+        ]
+        if chunked_body:
+            out.append("Transfer-Encoding: chunked")
+        writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            if body:
+                writer.write(b"%x\r\n%s\r\n" % (len(body), body) if chunked_body else body)
+                await writer.drain()
+            if not message.get("more_body"):
+                break
+        if chunked_body:
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+        relay = asyncio.ensure_future(
+            self._response(reader, send, method, prefix, port, set_cookie)
+        )
+        disconnect = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({relay, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            if relay in done:
+                relay.result()
+        finally:
+            relay.cancel()
+            disconnect.cancel()
+
+    async def _response(
+        self,
+        reader: asyncio.StreamReader,
+        send: Any,
+        method: str,
+        prefix: str,
+        port: int,
+        set_cookie: str | None,
+    ) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if len(head) > HEAD_LIMIT_BYTES:
+                    raise ValueError("response head too large")
+                lines = head.decode("latin-1").split("\r\n")
+                status = int(lines[0].split(" ", 2)[1])
+                if status >= 200 or status == 101:
+                    break
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError):
+            await _send_json(
+                send, 502, "bad_gateway", "The server in the sandbox sent no valid HTTP response."
+            )
+            return
+        response_headers = []
+        for line in lines[1:]:
+            if ":" in line:
+                name, _, value = line.partition(":")
+                response_headers.append((name.strip().lower(), value.strip()))
+        listed = _connection_listed(response_headers)
+        chunked = any(
+            n == "transfer-encoding" and "chunked" in v.lower() for n, v in response_headers
+        )
+        length = next((v for n, v in response_headers if n == "content-length"), None)
+        out: list[tuple[bytes, bytes]] = []
+        for name, value in response_headers:
+            if name in HOP_BY_HOP or name in listed:
+                continue
+            if name == "content-length" and chunked:
+                continue
+            if name == "location":
+                value = _rewrite_location(value, prefix, port)
+            elif name == "set-cookie":
+                value = _rewrite_set_cookie(value, prefix)
+            elif name == "content-security-policy" and csp_sandbox_enabled():
+                continue
+            out.append((name.encode("latin-1"), value.encode("latin-1")))
+        if csp_sandbox_enabled():
+            out.append((b"content-security-policy", CSP_SANDBOX.encode()))
+        out.append((b"x-content-type-options", b"nosniff"))
+        if set_cookie:
+            out.append((b"set-cookie", set_cookie.encode("latin-1")))
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        if no_body:
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if chunked:
+            while True:
+                size_line = await reader.readline()
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    await reader.readuntil(b"\r\n")  # trailers are dropped
+                    break
+                data = await reader.readexactly(size)
+                await reader.readexactly(2)
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        elif length is not None:
+            remaining = int(length)
+            while remaining > 0:
+                data = await reader.read(min(READ_BYTES, remaining))
+                if not data:
+                    break
+                remaining -= len(data)
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        else:
+            while data := await reader.read(READ_BYTES):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class PreviewWebSocketProxy:
+    """ASGI app for websocket scopes under /sandboxes/<id>/ports/<port>/ (behind the Origin
+    validator and the session middleware of playground/asgi.py)."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import ConnectionClosed, WebSocketException
+
+        match = PREVIEW_PATH.match(scope["path"])
+        if match is None:
+            await send({"type": "websocket.close", "code": 4404})
+            return
+        sandbox_id, port = match["sandbox_id"], int(match["port"])
+        rest = match["rest"] or "/"
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        try:
+            principal, sandbox = await _authorize(scope, sandbox_id)
+            upstream = await _open_port(sandbox, port)
+        except RealtimeDenied as denied:
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": denied.close_code})
+            return
+        except ProviderError:
+            await send({"type": "websocket.close", "code": 1011})
+            return
+        query = [
+            (k, v)
+            for k, v in parse_qsl(
+                scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+            )
+            if k != "token"
+        ]
+        uri = f"ws://localhost:{port}{rest}" + ("?" + urlencode(query) if query else "")
+        try:
+            async with connect(
+                uri,
+                sock=upstream.sock,
+                subprotocols=scope.get("subprotocols") or None,
+                open_timeout=10,
+                max_size=None,
+                compression=None,
+            ) as ws:
+                await send({"type": "websocket.accept", "subprotocol": ws.subprotocol})
+                asyncio.ensure_future(
+                    database_sync_to_async(realtime_record)(principal, "ports.websocket")
+                )
+
+                async def downstream() -> None:
+                    async for data in ws:
+                        if isinstance(data, bytes):
+                            await send({"type": "websocket.send", "bytes": data})
+                        else:
+                            await send({"type": "websocket.send", "text": data})
+
+                pump = asyncio.ensure_future(downstream())
+                try:
+                    while True:
+                        get = asyncio.ensure_future(receive())
+                        done, _ = await asyncio.wait(
+                            {get, pump}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if pump in done:
+                            get.cancel()
+                            await send({"type": "websocket.close", "code": ws.close_code or 1000})
+                            return
+                        incoming = get.result()
+                        if incoming["type"] == "websocket.disconnect":
+                            return
+                        if incoming.get("bytes") is not None:
+                            await ws.send(incoming["bytes"])
+                        elif incoming.get("text") is not None:
+                            await ws.send(incoming["text"])
+                finally:
+                    pump.cancel()
+        except (OSError, WebSocketException, ConnectionClosed, TimeoutError):
+            logger.info("preview websocket ended", exc_info=True)
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await send({"type": "websocket.close", "code": 1011})
+        finally:
+            await upstream.close()
+
+
+class PreviewRouter:
+    """The HTTP side of the ASGI app: previews here, everything else to Django. Also tells
+    the terminal manager which loop serves requests (REST-created terminals read on it)."""
+
+    def __init__(self, django_app: Any) -> None:
+        self.django_app = django_app
+        self.proxy = AuthMiddlewareStack(PreviewHttpProxy())
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if terminal_manager.loop is not loop:
+            terminal_manager.bind_loop(loop)
+        if scope["type"] == "http" and PREVIEW_PATH.match(scope["path"]):
+            await self.proxy(scope, receive, send)
+            return
+        await self.django_app(scope, receive, send)

@@ -1,0 +1,361 @@
+"""One bubblewrap jail per sandbox: its directory layout, cgroups, bwrap command line and state.
+
+Layout of ``root_dir/<id>/`` (0700, owned by the host user running Sandpit)::
+
+    workspace/   bind-mounted read-write at /workspace (the cwd, HOME)
+    tmp/         bind-mounted at /tmp
+    run/         bind-mounted at /run/sandpit; the agent's socket lives here
+    state.json   pids, cgroup paths, spec; enough for any process to reap the jail
+    jail.log     bwrap's and the agent's stderr (host-only)
+
+bwrap runs as the host user with ``--unshare-user``: uid 1000 inside maps to
+that user outside, without any capability (``--cap-drop ALL``). Consequence
+worth knowing: when Sandpit runs as root, a file owned by root and visible in
+the jail is readable by the sandbox whatever its mode, so only /usr and a
+hand-picked list of /etc files are mounted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes.providers.base import Resources
+
+SANDBOX_UID = 1000
+AGENT_PATH = Path(__file__).with_name("agent.py")
+JAIL_AGENT = "/opt/sandpit/agent.py"
+JAIL_SOCKET = "/run/sandpit/agent.sock"
+JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MIB = 1024 * 1024
+
+_ETC_FILES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "localtime",
+    "mime.types",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "alternatives",
+    "inputrc",
+    "bash.bashrc",
+    "profile",
+    "terminfo",
+    "magic",
+    "mailcap",
+    "debian_version",
+    "os-release",
+)
+_NETWORK_ETC_FILES = ("resolv.conf",)
+_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+
+
+# ---------------------------------------------------------------------------
+# cgroup v1
+# ---------------------------------------------------------------------------
+
+
+def _own_cgroups() -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, names, path = line.rstrip("\n").split(":", 2)
+                for name in names.split(","):
+                    if name:
+                        out[name] = path
+    except OSError:
+        pass
+    return out
+
+
+def cgroup_bases() -> dict[str, str]:
+    """Writable cgroup v1 parents per controller: ``<mount><our cgroup>/sandpit``.
+
+    Nesting under our own cgroup keeps sandboxes inside whatever limits the
+    host already puts on Sandpit. Controllers mounted together (cpu,cpuacct)
+    appear once.
+    """
+    own = _own_cgroups()
+    bases: dict[str, str] = {}
+    seen: set[str] = set()
+    for ctrl in _CONTROLLERS:
+        mount = f"/sys/fs/cgroup/{ctrl}"
+        real = os.path.realpath(mount)
+        if real in seen or ctrl not in own or not os.path.exists(f"{mount}/cgroup.procs"):
+            continue
+        base = f"{real}{own[ctrl].rstrip('/')}/sandpit"
+        try:
+            os.makedirs(base, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(base, os.W_OK):
+            seen.add(real)
+            bases[ctrl] = base
+    return bases
+
+
+def _write(path: str, value: str | int) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(str(value))
+        return True
+    except OSError:
+        return False
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def cgroups_create(bases: dict[str, str], sandbox_id: str, res: Resources) -> dict[str, str]:
+    """Create the sandbox's cgroups and write its limits; returns controller -> path."""
+    paths: dict[str, str] = {}
+    for ctrl, base in bases.items():
+        path = f"{base}/{sandbox_id}"
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        paths[ctrl] = path
+        if ctrl == "memory":
+            limit = res.memory_mb * MIB
+            _write(f"{path}/memory.limit_in_bytes", limit)
+            if os.path.exists(f"{path}/memory.memsw.limit_in_bytes"):
+                _write(f"{path}/memory.memsw.limit_in_bytes", limit)
+        elif ctrl == "pids":
+            _write(f"{path}/pids.max", res.pids)
+        elif ctrl == "cpu":
+            _write(f"{path}/cpu.cfs_period_us", 100_000)
+            _write(f"{path}/cpu.cfs_quota_us", max(1000, int(res.cpu_count * 100_000)))
+    return paths
+
+
+def cgroups_join(paths: dict[str, str], pid: int) -> None:
+    for path in paths.values():
+        _write(f"{path}/cgroup.procs", pid)
+
+
+def cgroup_pids(path: str) -> list[int]:
+    text = read_text(f"{path}/cgroup.procs") or ""
+    return [int(x) for x in text.split()]
+
+
+def cgroups_remove(paths: dict[str, str]) -> None:
+    """Kill whatever is still in the cgroups, then remove them (waits up to ~2 s)."""
+    for path in paths.values():
+        deadline = time.monotonic() + 2.0
+        while os.path.isdir(path):
+            for pid in cgroup_pids(path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------
+# state and processes
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class JailState:
+    sandbox_id: str
+    created_at: float
+    bwrap_pid: int
+    jail_pid: int
+    jail_start_ticks: int
+    cgroups: dict[str, str]
+    network: bool
+    timeout_s: int
+    labels: dict[str, str]
+    resources: dict[str, float]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> JailState | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process start time (clock ticks since boot): tells a pid from a reused one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def jail_alive(state: JailState) -> bool:
+    return state.jail_pid > 0 and start_ticks(state.jail_pid) == state.jail_start_ticks
+
+
+# ---------------------------------------------------------------------------
+# the bwrap command line
+# ---------------------------------------------------------------------------
+
+
+def write_shared_etc(etc_dir: Path) -> None:
+    """The generated /etc files every jail shares (no host accounts leak in)."""
+    etc_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "passwd": (
+            "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+        "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
+        "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        "hostname": "sandbox\n",
+    }
+    for name, text in files.items():
+        path = etc_dir / name
+        if not path.exists() or path.read_text() != text:
+            tmp = etc_dir / f".{name}.tmp"
+            tmp.write_text(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+
+
+def bwrap_argv(
+    *,
+    bwrap: str,
+    sandbox_dir: Path,
+    shared_etc: Path,
+    network: bool,
+    env: dict[str, str],
+    info_fd: int,
+    block_fd: int,
+    agent_config: dict,
+) -> list[str]:
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+        "--as-pid-1",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    if network:
+        args.append("--share-net")
+    for top in _TOP_LEVEL:
+        host = f"/{top}"
+        if os.path.islink(host):
+            args += ["--symlink", os.readlink(host), host]
+        elif os.path.isdir(host):
+            args += ["--ro-bind", host, host]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for name in _ETC_FILES + (_NETWORK_ETC_FILES if network else ()):
+        if os.path.exists(f"/etc/{name}"):
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for name in ("passwd", "group", "hosts", "hostname"):
+        args += ["--ro-bind", str(shared_etc / name), f"/etc/{name}"]
+    args += [
+        "--bind",
+        str(sandbox_dir / "workspace"),
+        "/workspace",
+        "--bind",
+        str(sandbox_dir / "tmp"),
+        "/tmp",
+        "--bind",
+        str(sandbox_dir / "run"),
+        "/run/sandpit",
+        "--ro-bind",
+        str(AGENT_PATH),
+        JAIL_AGENT,
+        "--chdir",
+        "/workspace",
+        "--clearenv",
+    ]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    args += [
+        "--info-fd",
+        str(info_fd),
+        "--block-fd",
+        str(block_fd),
+        "/usr/bin/python3",
+        "-I",
+        "-S",
+        JAIL_AGENT,
+        json.dumps(agent_config),
+    ]
+    return args
+
+
+def base_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {
+        "PATH": JAIL_PATH,
+        "HOME": "/workspace",
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "SHELL": "/bin/bash",
+        "HOSTNAME": "sandbox",
+    }
+    env.update(extra)
+    return env
+
+
+def rlimits(res: Resources, with_cgroup_memory: bool) -> dict[str, int]:
+    """Per-process limits the agent applies to every child. RLIMIT_NPROC is useless
+    here: it counts the host uid's processes, which all sandboxes share."""
+    limits = {
+        "RLIMIT_NOFILE": res.open_files,
+        "RLIMIT_FSIZE": res.disk_mb * MIB,
+        "RLIMIT_CPU": res.cpu_time_s,
+        "RLIMIT_CORE": 0,
+    }
+    if not with_cgroup_memory:
+        limits["RLIMIT_AS"] = res.memory_mb * MIB
+    return limits

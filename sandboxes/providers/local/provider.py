@@ -1,0 +1,731 @@
+"""LocalProvider: sandboxes as long-lived bubblewrap jails on this host.
+
+Each sandbox is one bwrap jail whose PID 1 is a small agent (agent.py)
+listening on a Unix socket in ``root_dir/<id>/run``. Commands, background
+processes, terminals and port streams go through the agent; file operations
+and watches run host-side on the workspace directory (see files.py), which is
+faster and works even when the jail has died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandboxes.providers.base import (
+    Capability,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    FileEvent,
+    InvalidRequest,
+    OpenPort,
+    ProcessInfo,
+    ProviderError,
+    ProviderHealth,
+    ProviderUnavailable,
+    SandboxGone,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxState,
+    SandboxStats,
+)
+from sandboxes.providers.local import jail, wire
+from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
+from sandboxes.providers.local.watch import WorkspaceWatch
+from sandboxes.providers.local.wire import LocalPortStream, LocalPtySession
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_INLINE_CODE_BYTES = 100_000
+_RUNNERS = {
+    "python": (["python3", "-u", "-c"], ["python3", "-u"], ".py"),
+    "node": (["node", "-e"], ["node"], ".js"),
+    "bash": (["bash", "-c"], ["bash"], ".sh"),
+}
+CREATE_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 10.0
+
+
+class LocalProvider:
+    """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available."""
+
+    name = "local"
+    capabilities = frozenset(Capability)
+
+    def __init__(
+        self,
+        root_dir: Path,
+        bwrap_path: str = "bwrap",
+        max_file_bytes: int = 50 * 1024 * 1024,
+    ) -> None:
+        self.root_dir = Path(root_dir)
+        self.bwrap_path = bwrap_path
+        self.max_file_bytes = max_file_bytes
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root_dir, 0o700)
+        self._shared_etc = self.root_dir / ".sandpit" / "etc"
+        jail.write_shared_etc(self._shared_etc)
+        self._cgroup_bases = jail.cgroup_bases()
+        self._bwraps: dict[str, subprocess.Popen[bytes]] = {}
+        self._cpu_samples: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ paths
+
+    def _dir(self, provider_id: str) -> Path:
+        if not isinstance(provider_id, str) or not _ID_RE.match(provider_id):
+            raise SandboxGone(f"no sandbox {provider_id!r}")
+        return self.root_dir / provider_id
+
+    def _state(self, provider_id: str) -> tuple[Path, jail.JailState]:
+        path = self._dir(provider_id)
+        state = jail.JailState.load(path / "state.json")
+        if state is None:
+            raise SandboxGone(f"no sandbox {provider_id!r}")
+        return path, state
+
+    def _workspace(self, provider_id: str) -> Workspace:
+        return Workspace(self._dir(provider_id) / "workspace", self.max_file_bytes)
+
+    # -------------------------------------------------------------- lifecycle
+
+    def create(self, spec: SandboxSpec) -> SandboxHandle:
+        """Start the jail and return once its agent accepts connections (~25 ms)."""
+        if not _ID_RE.match(spec.sandbox_id):
+            raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
+        env = {str(k): str(v) for k, v in spec.env.items()}
+        _check_env(env)
+        sdir = self.root_dir / spec.sandbox_id
+        try:
+            sdir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
+        try:
+            return self._start(spec, sdir, env)
+        except BaseException:
+            self._teardown(spec.sandbox_id, sdir, None)
+            raise
+
+    def _start(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
+        for sub in ("workspace", "tmp", "run"):
+            (sdir / sub).mkdir(mode=0o755)
+        res = spec.resources
+        cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        config = {
+            "socket": jail.JAIL_SOCKET,
+            "ready_fd": ready_w,
+            "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
+        }
+        argv = jail.bwrap_argv(
+            bwrap=self.bwrap_path,
+            sandbox_dir=sdir,
+            shared_etc=self._shared_etc,
+            network=spec.network,
+            env=jail.base_env(env),
+            info_fd=info_w,
+            block_fd=block_r,
+            agent_config=config,
+        )
+        log = open(sdir / "jail.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(info_w, block_r, ready_w),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ProviderUnavailable(f"cannot run {self.bwrap_path}: {exc}") from None
+        finally:
+            log.close()
+            for fd in (info_w, block_r, ready_w):
+                os.close(fd)
+        with self._lock:
+            for sid, old in list(self._bwraps.items()):
+                if old.poll() is not None:  # jails destroyed by another process
+                    del self._bwraps[sid]
+            self._bwraps[spec.sandbox_id] = proc
+        jail_pid = 0
+        try:
+            info = _read_json_fd(info_r, CREATE_TIMEOUT_S)
+            jail_pid = int(info["child-pid"])
+            # The jail is blocked on block_fd until it sits in its cgroups.
+            jail.cgroups_join(cgroups, jail_pid)
+            os.write(block_w, b"x")
+            ticks = jail.start_ticks(jail_pid) or 0
+            created = time.time()
+            jail.JailState(
+                sandbox_id=spec.sandbox_id,
+                created_at=created,
+                bwrap_pid=proc.pid,
+                jail_pid=jail_pid,
+                jail_start_ticks=ticks,
+                cgroups=cgroups,
+                network=spec.network,
+                timeout_s=spec.timeout_s,
+                labels=dict(spec.labels),
+                resources=dict(res.__dict__),
+            ).save(sdir / "state.json")
+            if not _wait_readable(ready_r, CREATE_TIMEOUT_S) or not os.read(ready_r, 16):
+                raise ProviderUnavailable(f"the sandbox did not start: {_tail(sdir / 'jail.log')}")
+        except BaseException:
+            if jail_pid > 0:  # killing PID 1 of the jail ends every process in it
+                try:
+                    os.kill(jail_pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            raise
+        finally:
+            for fd in (info_r, block_w, ready_r):
+                os.close(fd)
+        return SandboxHandle(
+            provider=self.name,
+            provider_id=spec.sandbox_id,
+            state=SandboxState.RUNNING,
+            created_at=datetime.fromtimestamp(created, tz=UTC),
+            labels=dict(spec.labels),
+        )
+
+    def _handle(self, provider_id: str, *, ping: bool) -> SandboxHandle:
+        _, state = self._state(provider_id)
+        running = jail.jail_alive(state)
+        if running and ping:
+            try:
+                self._call(provider_id, {"op": "ping"}, timeout=2.0)
+            except ProviderError:
+                running = False
+        return SandboxHandle(
+            provider=self.name,
+            provider_id=provider_id,
+            state=SandboxState.RUNNING if running else SandboxState.STOPPED,
+            created_at=datetime.fromtimestamp(state.created_at, tz=UTC),
+            labels=state.labels,
+        )
+
+    def get(self, provider_id: str) -> SandboxHandle:
+        """RUNNING when the jail is alive and its agent answers; raises SandboxGone."""
+        return self._handle(provider_id, ping=True)
+
+    def list(self) -> list[SandboxHandle]:
+        """Every sandbox directory under root_dir, including ones whose jail died."""
+        out = []
+        for entry in sorted(os.listdir(self.root_dir)):
+            if entry.startswith(".") or not _ID_RE.match(entry):
+                continue
+            try:
+                out.append(self._handle(entry, ping=True))
+            except SandboxGone:
+                created = (self.root_dir / entry).stat().st_mtime
+                out.append(
+                    SandboxHandle(
+                        provider=self.name,
+                        provider_id=entry,
+                        state=SandboxState.ERROR,
+                        created_at=datetime.fromtimestamp(created, tz=UTC),
+                    )
+                )
+        return out
+
+    def destroy(self, provider_id: str) -> bool:
+        """Kill the jail's processes, remove its cgroups and directory. False if already gone."""
+        sdir = self._dir(provider_id)
+        if not sdir.exists():
+            return False
+        state = jail.JailState.load(sdir / "state.json")
+        self._teardown(provider_id, sdir, state)
+        return True
+
+    def _teardown(self, provider_id: str, sdir: Path, state: jail.JailState | None) -> None:
+        if state is not None and jail.jail_alive(state):
+            try:
+                os.kill(state.jail_pid, signal.SIGKILL)
+            except OSError:
+                pass
+        with self._lock:
+            proc = self._bwraps.pop(provider_id, None)
+        if proc is not None:
+            if state is None:
+                proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        cgroups = (
+            state.cgroups
+            if state is not None
+            else {ctrl: f"{base}/{provider_id}" for ctrl, base in self._cgroup_bases.items()}
+        )
+        jail.cgroups_remove(cgroups)
+        self._cpu_samples.pop(provider_id, None)
+        shutil.rmtree(sdir, ignore_errors=True)
+
+    def set_timeout(self, provider_id: str, timeout_s: int) -> None:
+        """Record the idle timeout hint (the reaper enforces it)."""
+        sdir, state = self._state(provider_id)
+        state.timeout_s = int(timeout_s)
+        state.save(sdir / "state.json")
+
+    def stats(self, provider_id: str) -> SandboxStats:
+        """Memory and CPU from the sandbox's cgroups, disk from a walk of workspace and tmp."""
+        sdir, state = self._state(provider_id)
+        now = time.time()
+        uptime = max(0.0, now - state.created_at)
+        memory = 0
+        cpu_percent = 0.0
+        process_count = 0
+        cg = state.cgroups
+        if "memory" in cg:
+            memory = int((jail.read_text(f"{cg['memory']}/memory.usage_in_bytes") or "0").strip())
+        if "cpuacct" in cg:
+            usage = int((jail.read_text(f"{cg['cpuacct']}/cpuacct.usage") or "0").strip())
+            mono = time.monotonic()
+            prev = self._cpu_samples.get(provider_id)
+            self._cpu_samples[provider_id] = (mono, usage)
+            if prev is not None and mono - prev[0] < 60 and mono > prev[0]:
+                cpu_percent = (usage - prev[1]) / 1e9 / (mono - prev[0]) * 100
+            elif uptime > 0:
+                cpu_percent = usage / 1e9 / uptime * 100
+        if "pids" in cg:
+            process_count = max(0, len(jail.cgroup_pids(cg["pids"])) - 1)
+        rx = tx = 0
+        if jail.jail_alive(state):
+            rx, tx = _net_bytes(state.jail_pid)
+        return SandboxStats(
+            cpu_percent=round(max(0.0, cpu_percent), 2),
+            memory_bytes=memory,
+            disk_bytes=_disk_usage(sdir / "workspace") + _disk_usage(sdir / "tmp"),
+            net_rx_bytes=rx,
+            net_tx_bytes=tx,
+            uptime_s=uptime,
+            process_count=process_count,
+        )
+
+    def health(self) -> ProviderHealth:
+        """Spawns a trivial jail to prove bwrap works; detail names the limits in force."""
+        started = time.perf_counter()
+        bwrap = shutil.which(self.bwrap_path)
+        if bwrap is None:
+            return ProviderHealth(False, f"{self.bwrap_path} not found", 0.0)
+        try:
+            result = subprocess.run(
+                [
+                    bwrap,
+                    "--unshare-all",
+                    "--unshare-user",
+                    "--ro-bind",
+                    "/usr",
+                    "/usr",
+                    "--symlink",
+                    "usr/lib64",
+                    "/lib64",
+                    "--symlink",
+                    "usr/lib",
+                    "/lib",
+                    "/usr/bin/true",
+                ],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return ProviderHealth(False, f"bwrap failed: {exc}", _ms(started))
+        if result.returncode != 0:
+            detail = result.stderr.decode(errors="replace").strip()[:300]
+            return ProviderHealth(False, f"bwrap failed: {detail}", _ms(started))
+        if {"memory", "pids"} <= self._cgroup_bases.keys():
+            limits = "cgroup v1 limits: " + ",".join(sorted(self._cgroup_bases))
+        else:
+            limits = (
+                "cgroups unavailable: per-process rlimits only (RLIMIT_AS, no process-count limit)"
+            )
+        return ProviderHealth(True, f"bwrap ok; {limits}", _ms(started))
+
+    # -------------------------------------------------------------- execution
+
+    def exec(self, provider_id: str, request: ExecRequest) -> ExecResult:
+        """Run one command to completion; a timeout kills its whole tree (exit -9)."""
+        if request.args is None:
+            argv = ["/bin/sh", "-c", request.command]
+        else:
+            argv = [request.command, *request.args]
+        return self._exec(provider_id, argv, request)
+
+    def _exec(self, provider_id: str, argv: list[str], request: ExecRequest) -> ExecResult:
+        if any("\x00" in a for a in argv):
+            raise InvalidRequest("command contains a NUL byte")
+        env = {str(k): str(v) for k, v in request.env.items()}
+        _check_env(env)
+        if request.timeout_s <= 0 or request.max_output_bytes < 0:
+            raise InvalidRequest("timeout_s must be positive, max_output_bytes not negative")
+        stdin = request.stdin or b""
+        header = {
+            "op": "exec",
+            "argv": argv,
+            "cwd": _jail_cwd(request.cwd),
+            "env": env,
+            "timeout_s": request.timeout_s,
+            "max_output_bytes": request.max_output_bytes,
+            "stdin_len": len(stdin),
+        }
+        _, state = self._state(provider_id)
+        oom_before = _oom_kills(state)
+        sock = self._connect(provider_id, timeout=request.timeout_s + 15)
+        try:
+            sock.sendall(json.dumps(header).encode() + b"\n" + stdin)
+            reply = wire.reply(sock)
+            out_len, err_len = int(reply["stdout_len"]), int(reply["stderr_len"])
+            if not (
+                0 <= out_len <= request.max_output_bytes
+                and 0 <= err_len <= request.max_output_bytes
+            ):
+                raise ProviderError("the sandbox agent sent an oversized reply")
+            body = wire.recv_exact(sock, out_len + err_len)
+        except (OSError, ValueError, KeyError) as exc:
+            raise self._lost(provider_id, exc) from None
+        finally:
+            sock.close()
+        exit_code = int(reply["exit_code"])
+        oom = exit_code == -9 and not reply["timed_out"] and _oom_kills(state) > oom_before
+        return ExecResult(
+            stdout=body[:out_len],
+            stderr=body[out_len:],
+            exit_code=exit_code,
+            duration_ms=float(reply["duration_ms"]),
+            timed_out=bool(reply["timed_out"]),
+            stdout_truncated=bool(reply["stdout_truncated"]),
+            stderr_truncated=bool(reply["stderr_truncated"]),
+            cpu_time_ms=_opt_float(reply.get("cpu_time_ms")),
+            peak_memory_bytes=_opt_int(reply.get("peak_memory_bytes")),
+            oom_killed=oom,
+        )
+
+    def run_code(
+        self,
+        provider_id: str,
+        code: str,
+        language: str,
+        timeout_s: float = 30.0,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run `code` with python3, node or bash; unknown languages raise InvalidRequest."""
+        runner = _RUNNERS.get(language)
+        if runner is None:
+            raise InvalidRequest(f"unsupported language {language!r}")
+        inline, from_file, suffix = runner
+        request = ExecRequest(command=inline[0], timeout_s=timeout_s, stdin=stdin)
+        if len(code.encode()) <= _INLINE_CODE_BYTES and "\x00" not in code:
+            return self._exec(provider_id, [*inline, code], request)
+        name = f".sandpit-code-{uuid.uuid4().hex}{suffix}"
+        host_file = self._dir(provider_id) / "tmp" / name
+        host_file.write_text(code)
+        try:
+            return self._exec(provider_id, [*from_file, f"/tmp/{name}"], request)
+        finally:
+            host_file.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ files
+
+    def read_file(
+        self, provider_id: str, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes:
+        return self._workspace(provider_id).read(path, offset, length)
+
+    def write_file(self, provider_id: str, path: str, data: bytes) -> FileEntry:
+        """Creates parent directories; raises FileTooLarge beyond max_file_bytes."""
+        return self._workspace(provider_id).write(path, data)
+
+    def mkdir(self, provider_id: str, path: str) -> FileEntry:
+        return self._workspace(provider_id).mkdir(path)
+
+    def list_files(self, provider_id: str, path: str, recursive: bool = False) -> list[FileEntry]:
+        return self._workspace(provider_id).list(path, recursive)
+
+    def stat(self, provider_id: str, path: str) -> FileEntry:
+        return self._workspace(provider_id).stat(path)
+
+    def exists(self, provider_id: str, path: str) -> bool:
+        return self._workspace(provider_id).exists(path)
+
+    def remove(self, provider_id: str, path: str, recursive: bool = False) -> None:
+        self._workspace(provider_id).remove(path, recursive)
+
+    def move(self, provider_id: str, src: str, dst: str) -> FileEntry:
+        return self._workspace(provider_id).move(src, dst)
+
+    # -------------------------------------------------------------- processes
+
+    def start_process(
+        self,
+        provider_id: str,
+        command: str,
+        args: Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ProcessInfo:
+        """Start a background process (output discarded); `args is None` runs `sh -c command`."""
+        argv = ["/bin/sh", "-c", command] if args is None else [command, *args]
+        if any("\x00" in a for a in argv):
+            raise InvalidRequest("command contains a NUL byte")
+        env_d = {str(k): str(v) for k, v in (env or {}).items()}
+        _check_env(env_d)
+        reply = self._call(
+            provider_id,
+            {
+                "op": "start",
+                "argv": argv,
+                "command": " ".join([command, *(args or [])]),
+                "cwd": _jail_cwd(cwd),
+                "env": env_d,
+            },
+        )
+        return _process(reply["process"])
+
+    def list_processes(self, provider_id: str) -> list[ProcessInfo]:
+        """Processes started with start_process (recently exited ones with their exit code)."""
+        reply = self._call(provider_id, {"op": "list"})
+        return [_process(p) for p in reply["processes"]]
+
+    def signal_process(self, provider_id: str, pid: int, signal: int) -> None:
+        """Signal the process group of a started process (or any pid inside the jail)."""
+        self._call(provider_id, {"op": "signal", "pid": int(pid), "signal": int(signal)})
+
+    # --------------------------------------------------------------- realtime
+
+    def open_pty(
+        self,
+        provider_id: str,
+        cols: int = 80,
+        rows: int = 24,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> LocalPtySession:
+        """A terminal inside the jail; fileno() is the (non-blocking) agent connection."""
+        env_d = {str(k): str(v) for k, v in (env or {}).items()}
+        _check_env(env_d)
+        argv = [shell or "/bin/bash"]
+        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+        try:
+            sock.sendall(
+                json.dumps(
+                    {
+                        "op": "pty",
+                        "argv": argv,
+                        "cols": int(cols),
+                        "rows": int(rows),
+                        "cwd": _jail_cwd(cwd),
+                        "env": env_d,
+                    }
+                ).encode()
+                + b"\n"
+            )
+            reply = wire.reply(sock)
+        except BaseException:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return LocalPtySession(lambda req: self._call(provider_id, req), sock, int(reply["pid"]))
+
+    def open_ports(self, provider_id: str) -> list[OpenPort]:
+        """TCP ports listening inside the jail's network namespace (/proc/net/tcp{,6})."""
+        reply = self._call(provider_id, {"op": "ports"})
+        return [OpenPort(port=int(p["port"]), address=str(p["address"])) for p in reply["ports"]]
+
+    def connect_port(self, provider_id: str, port: int) -> LocalPortStream:
+        """A byte stream to 127.0.0.1:port inside the jail, spliced by the agent."""
+        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+        try:
+            sock.sendall(json.dumps({"op": "connect", "port": int(port)}).encode() + b"\n")
+            wire.reply(sock)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return LocalPortStream(sock)
+
+    def watch(
+        self, provider_id: str, path: str, recursive: bool = True
+    ) -> Iterator[list[FileEvent]]:
+        """Host-side inotify; watches are in place when this returns. Close with .close()."""
+        return WorkspaceWatch(self._workspace(provider_id), path, recursive)
+
+    # ------------------------------------------------------------ agent calls
+
+    def _connect(self, provider_id: str, timeout: float) -> socket.socket:
+        path = self._dir(provider_id) / "run" / "agent.sock"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            sock.close()
+            if not (self.root_dir / provider_id).exists():
+                raise SandboxGone(f"no sandbox {provider_id!r}") from None
+            raise SandboxGone(f"sandbox {provider_id} is stopped") from None
+        return sock
+
+    def _call(self, provider_id: str, request: dict, timeout: float = CONTROL_TIMEOUT_S) -> dict:
+        sock = self._connect(provider_id, timeout)
+        try:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            return wire.reply(sock)
+        except (OSError, ValueError, KeyError) as exc:
+            raise self._lost(provider_id, exc) from None
+        finally:
+            sock.close()
+
+    def _lost(self, provider_id: str, exc: Exception) -> ProviderError:
+        if not (self.root_dir / provider_id).exists():
+            return SandboxGone(f"no sandbox {provider_id!r}")
+        try:
+            _, state = self._state(provider_id)
+        except SandboxGone as gone:
+            return gone
+        if not jail.jail_alive(state):
+            return SandboxGone(f"sandbox {provider_id} stopped")
+        return ProviderError(f"lost the sandbox agent: {exc!r}")
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    for key, value in env.items():
+        if not key or "=" in key or "\x00" in key or "\x00" in value:
+            raise InvalidRequest(f"invalid environment variable {key!r}")
+
+
+def _jail_cwd(cwd: str | None) -> str:
+    if not cwd:
+        return JAIL_WORKSPACE
+    if "\x00" in cwd:
+        raise InvalidRequest("cwd contains a NUL byte")
+    return cwd if cwd.startswith("/") else f"{JAIL_WORKSPACE}/{cwd}"
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return bool(ready)
+
+
+def _read_json_fd(fd: int, timeout: float) -> dict:
+    """Read bwrap's --info-fd JSON (it may arrive in pieces; EOF means bwrap failed)."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while True:
+        if not _wait_readable(fd, max(0.0, deadline - time.monotonic())):
+            raise ProviderUnavailable("bwrap did not report its child pid")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise ProviderUnavailable("bwrap exited before starting the sandbox")
+        buf += chunk
+        try:
+            return json.loads(buf)
+        except ValueError:
+            continue
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-500:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _process(data: dict) -> ProcessInfo:
+    return ProcessInfo(
+        pid=int(data["pid"]),
+        command=str(data["command"]),
+        running=bool(data["running"]),
+        exit_code=_opt_int(data.get("exit_code")),
+        started_at=_opt_float(data.get("started_at")),
+    )
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _oom_kills(state: jail.JailState) -> int:
+    path = state.cgroups.get("memory")
+    text = jail.read_text(f"{path}/memory.oom_control") if path else None
+    for line in (text or "").splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def _net_bytes(pid: int) -> tuple[int, int]:
+    text = jail.read_text(f"/proc/{pid}/net/dev") or ""
+    rx = tx = 0
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        if name.strip() == "lo":
+            continue
+        fields = rest.split()
+        if len(fields) >= 9:
+            rx += int(fields[0])
+            tx += int(fields[8])
+    return rx, tx
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes allocated under `root`, walked by O_NOFOLLOW descriptors (never leaves it)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    return _disk_usage_fd(fd, depth=0)
+
+
+def _disk_usage_fd(fd: int, depth: int) -> int:
+    total = 0
+    subdirs = []
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False) and depth < 64:
+                    subdirs.append(entry.name)
+        for name in subdirs:
+            try:
+                sub = os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError:
+                continue
+            total += _disk_usage_fd(sub, depth + 1)
+    finally:
+        os.close(fd)
+    return total
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

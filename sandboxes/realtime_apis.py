@@ -1,0 +1,161 @@
+"""REST endpoints of the real-time layer: terminals and open ports.
+
+Terminal create/resize/kill are metered (feature 'terminal'); listing is free. Terminals
+live in the process that created them (see sandboxes/terminals.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+
+from . import services
+from .apis import MeteredApi, _validated
+from .providers.base import Capability
+from .serializers import EnvField, PathField
+from .terminals import (
+    Terminal,
+    terminal_create,
+    terminal_get,
+    terminal_kill,
+    terminal_manager,
+    terminal_resize,
+)
+from .watchers import port_url
+
+SHELLS = ("/bin/bash", "/bin/sh", "bash", "sh", "/usr/bin/python3", "python3")
+
+
+class TerminalCreateInput(serializers.Serializer):
+    cols = serializers.IntegerField(min_value=2, max_value=1000, required=False, default=80)
+    rows = serializers.IntegerField(min_value=1, max_value=500, required=False, default=24)
+    shell = serializers.CharField(max_length=200, required=False, allow_null=True)
+    cwd = PathField(required=False, allow_null=True)
+    env = EnvField()
+
+    def validate_shell(self, value: str | None) -> str | None:
+        if value and ("\x00" in value or " " in value):
+            raise serializers.ValidationError("shell is one executable path, without arguments.")
+        return value
+
+
+class TerminalResizeInput(serializers.Serializer):
+    cols = serializers.IntegerField(min_value=2, max_value=1000)
+    rows = serializers.IntegerField(min_value=1, max_value=500)
+
+
+def ws_url(request: Any, path: str) -> str:
+    scheme = "wss" if request.is_secure() else "ws"
+    return f"{scheme}://{request.get_host()}{path}"
+
+
+def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
+    info = terminal.info()
+    path = f"/ws/sandboxes/{info.sandbox_id}/terminals/{info.id}"
+    return {
+        "id": info.id,
+        "sandbox_id": info.sandbox_id,
+        "ws_url": ws_url(request, path),
+        "ws_path": path,
+        "cols": info.cols,
+        "rows": info.rows,
+        "shell": info.shell,
+        "running": info.running,
+        "exit_code": info.exit_code,
+        "clients": info.clients,
+    }
+
+
+class TerminalListApi(MeteredApi):
+    required_scope = "terminal"
+
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+        terminals = terminal_manager.for_sandbox(sandbox.id)
+        return Response({"results": [terminal_data(request, t) for t in terminals]})
+
+    @extend_schema(request=TerminalCreateInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(TerminalCreateInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            terminal = terminal_create(
+                sandbox=sandbox,
+                cols=data["cols"],
+                rows=data["rows"],
+                shell=data.get("shell"),
+                cwd=data.get("cwd"),
+                env=data.get("env"),
+            )
+            return Response(terminal_data(request, terminal), status=status.HTTP_201_CREATED)
+
+        return self.metered(request, feature="terminal", operation="terminal.create", run=run)
+
+
+class TerminalDetailApi(MeteredApi):
+    required_scope = "terminal"
+
+    def get(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+        return Response(
+            terminal_data(request, terminal_get(sandbox=sandbox, terminal_id=terminal_id))
+        )
+
+    def delete(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+        terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+
+        def run() -> Response:
+            terminal_kill(sandbox=sandbox, terminal_id=terminal_id)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+
+        return self.metered(request, feature="terminal", operation="terminal.kill", run=run)
+
+
+class TerminalResizeApi(MeteredApi):
+    required_scope = "terminal"
+
+    @extend_schema(request=TerminalResizeInput)
+    def post(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(TerminalResizeInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+        terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+
+        def run() -> Response:
+            terminal = terminal_resize(
+                sandbox=sandbox, terminal_id=terminal_id, cols=data["cols"], rows=data["rows"]
+            )
+            return Response(terminal_data(request, terminal))
+
+        return self.metered(request, feature="terminal", operation="terminal.resize", run=run)
+
+
+class PortListApi(MeteredApi):
+    required_scope = "ports"
+
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run() -> Response:
+            provider = services.provider_for(sandbox)
+            services.require_capability(provider, Capability.PORTS)
+            if sandbox.state != "running":
+                return Response({"results": []})
+            ports = provider.open_ports(sandbox.provider_id)
+            seen: dict[int, str] = {}
+            for open_port in ports:
+                seen.setdefault(open_port.port, open_port.address)
+            return Response(
+                {
+                    "results": [
+                        {"port": port, "address": address, "url": port_url(sandbox.id, port)}
+                        for port, address in sorted(seen.items())
+                    ]
+                }
+            )
+
+        return self.metered(request, feature="ports", operation="ports.list", run=run)

@@ -1,0 +1,244 @@
+// The playground page: wires the editor, runner, terminals and explorer together, follows the
+// sandbox's events socket (files, ports, status) and polls its resource gauges.
+import { api, ago, bytes, h, pageData, toast, wsUrl } from "./api.js";
+import { Editor } from "./editor.js";
+import { Explorer } from "./explorer.js";
+import { Runner } from "./run.js";
+import { TerminalTabs } from "./terminal.js";
+
+const data = pageData("playground-data");
+const sandboxId = data.sandbox.id;
+const $ = (id) => document.getElementById(id);
+
+const editor = new Editor({
+  sandboxId,
+  host: $("editor-host"),
+  languageSelect: $("language"),
+  pathLabel: $("editor-path"),
+  saveButton: $("save-file"),
+});
+
+const runner = new Runner({
+  sandboxId,
+  editor,
+  output: $("output"),
+  runButton: $("run"),
+  stopButton: $("stop"),
+  clearButton: $("clear-output"),
+  stdin: $("stdin"),
+  streamPath: data.exec_ws_path || null,
+});
+
+const explorer = new Explorer({
+  sandboxId,
+  host: $("tree"),
+  pane: $("explorer-pane"),
+  errorHost: $("explorer-error"),
+  buttons: { newFile: $("new-file"), newFolder: $("new-folder"), refresh: $("refresh-files"), upload: $("upload-input"), download: $("download-file") },
+  onOpen: (path) => editor.open(path),
+  onRenamed: (from, to) => editor.renamed(from, to),
+  onDeleted: (path) => editor.closedExternally(path),
+});
+
+const terminals = new TerminalTabs({
+  sandboxId,
+  tabs: $("terminal-tabs"),
+  panels: $("terminal-panels"),
+  newButton: $("new-terminal"),
+  errorHost: $("terminal-error"),
+});
+
+// --- status --------------------------------------------------------------------------------
+
+let state = data.sandbox.state;
+let gone = false;
+
+function setState(next, reason) {
+  state = next;
+  const pill = $("sandbox-state");
+  pill.textContent = next;
+  pill.className = `pill ${next}`;
+  if (["stopped", "destroyed", "error"].includes(next) && !gone) {
+    gone = true;
+    const why = reason ? ` (${reason.replace(/_/g, " ")})` : "";
+    const text = next === "error" ? `This sandbox failed${why}.` : `This sandbox was ${next}${why}. Its terminals, processes and files are no longer available.`;
+    $("gone").replaceChildren(h("div.gone-banner", { role: "alert" }, text, h("a", { href: "/" }, "Back to sandboxes")));
+    terminals.stopAll(`sandbox ${next}`);
+    for (const b of document.querySelectorAll(".needs-live")) b.disabled = true;
+    clearInterval(statsTimer);
+  }
+}
+
+async function checkState() {
+  try {
+    const sb = await api(`sandboxes/${sandboxId}`);
+    setState(sb.state, sb.destroy_reason || sb.error_message);
+  } catch (err) {
+    if (err.status === 404) setState("destroyed");
+  }
+}
+
+// --- gauges --------------------------------------------------------------------------------
+
+const memLimit = (data.sandbox.resources && data.sandbox.resources.memory_mb ? data.sandbox.resources.memory_mb : 512) * 1024 * 1024;
+let statsTimer;
+
+async function pollStats() {
+  if (document.hidden || gone) return;
+  try {
+    const s = await api(`sandboxes/${sandboxId}/stats`);
+    const cpu = Math.max(0, Math.min(100, s.cpu_percent || 0));
+    $("cpu-meter").value = cpu;
+    $("cpu-text").textContent = `${cpu.toFixed(0)}%`;
+    $("mem-meter").value = Math.min(1, (s.memory_bytes || 0) / memLimit);
+    $("mem-text").textContent = `${bytes(s.memory_bytes)} / ${bytes(memLimit)}`;
+    $("proc-text").textContent = s.process_count ?? "—";
+    $("uptime-text").textContent = s.uptime_s ? ago(new Date(Date.now() - s.uptime_s * 1000).toISOString()) : "—";
+  } catch (err) {
+    if ([404, 409, 410].includes(err.status) || err.code === "sandbox_not_running") checkState();
+  }
+}
+
+// --- ports ---------------------------------------------------------------------------------
+
+const ports = new Map();
+
+function renderPorts() {
+  const host = $("ports");
+  if (!ports.size) {
+    host.replaceChildren(h("span.muted", {}, "No open ports"));
+    return;
+  }
+  host.replaceChildren(
+    h("span.muted", {}, "Ports:"),
+    ...[...ports.values()].sort((a, b) => a.port - b.port).map((p) =>
+      h(
+        "span.pill.ok",
+        { dataset: { port: p.port } },
+        h("a", { href: p.url, target: "_blank", rel: "noopener", class: "port-link", title: `Open port ${p.port} in a new tab` }, `:${p.port} ↗`),
+        " ",
+        h("button.link.small", { type: "button", class: "preview-btn", onclick: () => openPreview(p), "aria-label": `Preview port ${p.port}` }, "preview"),
+      ),
+    ),
+  );
+}
+
+function openPreview(p) {
+  const dialog = $("preview");
+  $("preview-title").textContent = `Port ${p.port} — ${p.url}`;
+  $("preview-open").href = p.url;
+  $("preview-frame").src = p.url;
+  dialog.showModal();
+}
+
+$("preview-close").addEventListener("click", () => {
+  $("preview").close();
+});
+$("preview").addEventListener("close", () => ($("preview-frame").src = "about:blank"));
+
+function portUrl(ev) {
+  return ev.url || ev.preview_url || `/sandboxes/${sandboxId}/ports/${ev.port}/`;
+}
+
+// --- events socket -------------------------------------------------------------------------
+
+let eventsRetry = 0;
+
+function connectEvents() {
+  if (gone) return;
+  const ws = new WebSocket(wsUrl(data.events_ws_path));
+  const dot = $("live-dot");
+  ws.onopen = () => {
+    eventsRetry = 0;
+    dot.className = "pill ok";
+    dot.textContent = "live";
+    dot.title = "Receiving live events";
+    // Anything that happened while disconnected: relist.
+    explorer.reload();
+  };
+  ws.onmessage = (ev) => {
+    let msg;
+    try {
+      msg = JSON.parse(ev.data);
+    } catch {
+      return;
+    }
+    switch (msg.type) {
+      case "created":
+      case "modified":
+      case "deleted":
+      case "moved":
+        explorer.applyEvent(msg);
+        if (msg.type === "modified") editor.externalChange(msg.path);
+        break;
+      case "files":
+        for (const e of msg.events || []) explorer.applyEvent(e);
+        break;
+      case "port_open":
+        ports.set(msg.port, { port: msg.port, url: portUrl(msg) });
+        renderPorts();
+        toast(`Port ${msg.port} is open`);
+        break;
+      case "port_closed":
+        ports.delete(msg.port);
+        renderPorts();
+        break;
+      case "ports":
+        ports.clear();
+        for (const p of msg.ports || []) ports.set(p.port, { port: p.port, url: portUrl(p) });
+        renderPorts();
+        break;
+      case "status":
+        setState(msg.state, msg.reason);
+        break;
+      case "error":
+        toast(`Events: ${msg.message || msg.code}`, { error: true });
+        break;
+      default:
+        break;
+    }
+  };
+  ws.onclose = (ev) => {
+    dot.className = "pill warn";
+    dot.textContent = "offline";
+    dot.title = "Live events disconnected; reconnecting";
+    if (ev.code === 4404 || ev.code === 4410) {
+      checkState();
+      return;
+    }
+    if (gone) return;
+    const delay = Math.min(15000, 1000 * 2 ** eventsRetry++);
+    setTimeout(() => {
+      checkState().then(connectEvents);
+    }, delay);
+  };
+}
+
+// --- start ---------------------------------------------------------------------------------
+
+$("destroy").addEventListener("click", async () => {
+  if (!confirm(`Destroy ${sandboxId}? Its files and processes are lost.`)) return;
+  try {
+    await api(`sandboxes/${sandboxId}`, { method: "DELETE" });
+    setState("destroyed", "destroyed by you");
+  } catch (err) {
+    toast(err, { error: true });
+  }
+});
+
+renderPorts();
+if (["running", "creating"].includes(state)) {
+  explorer.reload();
+  terminals.start();
+  connectEvents();
+  pollStats();
+  statsTimer = setInterval(pollStats, data.stats_interval_ms || 5000);
+  for (const p of data.ports || []) ports.set(p.port, { port: p.port, url: portUrl(p) });
+  renderPorts();
+} else {
+  gone = false;
+  setState(state, data.sandbox.destroy_reason);
+}
+window.addEventListener("resize", () => editor.refresh());
+// For tests and debugging from the console.
+window.sandpit = { editor, runner, explorer, terminals };

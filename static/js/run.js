@@ -1,0 +1,134 @@
+// Run the editor's code in the sandbox and show its output as it arrives.
+// Streams over the exec WebSocket when the server offers one; otherwise POSTs /code and shows
+// the result when it finishes. Stop closes the stream (the server kills the process) or
+// abandons the request.
+import { api, h, wsUrl } from "./api.js";
+
+const decoder = () => new TextDecoder("utf-8", { fatal: false });
+
+export class Runner {
+  constructor({ sandboxId, editor, output, runButton, stopButton, stdin, clearButton, streamPath }) {
+    Object.assign(this, { sandboxId, editor, output, runButton, stopButton, stdin, streamPath });
+    runButton.addEventListener("click", () => this.run());
+    stopButton.addEventListener("click", () => this.stop());
+    clearButton.addEventListener("click", () => this.output.replaceChildren());
+    editor.onRun = () => this.run();
+    this.setRunning(false);
+  }
+
+  setRunning(running) {
+    this.running = running;
+    this.runButton.disabled = running;
+    this.stopButton.disabled = !running;
+    this.output.setAttribute("aria-busy", running ? "true" : "false");
+  }
+
+  append(text, cls) {
+    if (!text) return;
+    const last = this.output.lastChild;
+    if (last && last.nodeType === 1 && last.className === (cls || "stdout")) last.append(text);
+    else this.output.append(h(`span.${cls || "stdout"}`, {}, text));
+    this.output.parentElement.scrollTop = this.output.parentElement.scrollHeight;
+  }
+
+  meta(text, isError = false) {
+    this.output.append(h(`span.meta${isError ? ".stderr" : ""}`, {}, text));
+    this.output.parentElement.scrollTop = this.output.parentElement.scrollHeight;
+  }
+
+  async run() {
+    if (this.running) return;
+    const code = this.editor.value();
+    const language = this.editor.language;
+    const stdin = this.stdin.value;
+    this.output.replaceChildren();
+    this.meta(`$ run ${language}${this.editor.path ? ` (${this.editor.path})` : ""}`);
+    this.setRunning(true);
+    this.started = performance.now();
+    try {
+      if (this.streamPath) await this.runStreaming({ code, language, stdin });
+      else await this.runOnce({ code, language, stdin });
+    } finally {
+      this.setRunning(false);
+    }
+  }
+
+  async runOnce({ code, language, stdin }) {
+    this.abort = new AbortController();
+    try {
+      const res = await api(`sandboxes/${this.sandboxId}/code`, {
+        method: "POST",
+        body: { code, language, stdin: stdin || undefined },
+        signal: this.abort.signal,
+      });
+      this.append(res.stdout, "stdout");
+      this.append(res.stderr, "stderr");
+      this.finish(res.exit_code, res.duration_ms, { timedOut: res.timed_out, truncated: res.truncated });
+    } catch (err) {
+      if (err.name === "AbortError") this.meta("Stopped (the request was abandoned).", true);
+      else this.meta(`Error: ${err.message}${err.code ? ` [${err.code}]` : ""}`, true);
+    }
+  }
+
+  runStreaming({ code, language, stdin }) {
+    return new Promise((resolve) => {
+      const ws = new WebSocket(wsUrl(this.streamPath));
+      ws.binaryType = "arraybuffer";
+      this.ws = ws;
+      const out = decoder();
+      let done = false;
+      const end = () => {
+        if (!done) {
+          done = true;
+          resolve();
+        }
+      };
+      ws.onopen = () => ws.send(JSON.stringify({ type: "start", code, language, stdin: stdin || "" }));
+      ws.onmessage = (ev) => {
+        if (typeof ev.data !== "string") {
+          this.append(out.decode(new Uint8Array(ev.data), { stream: true }), "stdout");
+          return;
+        }
+        const msg = JSON.parse(ev.data);
+        if (msg.type === "stdout" || msg.type === "stderr") this.append(msg.data, msg.type);
+        else if (msg.type === "exit") {
+          this.finish(msg.exit_code ?? msg.code, msg.duration_ms, { timedOut: msg.timed_out });
+          ws.close();
+          end();
+        } else if (msg.type === "error") {
+          this.meta(`Error: ${msg.message || msg.code}${msg.code ? ` [${msg.code}]` : ""}`, true);
+          ws.close();
+          end();
+        }
+      };
+      ws.onclose = (ev) => {
+        if (!done && !this.stopping) this.meta(`Connection closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`, true);
+        this.stopping = false;
+        end();
+      };
+    });
+  }
+
+  finish(exitCode, durationMs, { timedOut = false, truncated = false } = {}) {
+    const ms = durationMs ?? Math.round(performance.now() - this.started);
+    const bits = [`exit ${exitCode}`, `${Math.round(ms)} ms`];
+    if (timedOut) bits.push("timed out");
+    if (truncated) bits.push("output truncated");
+    this.meta(`— ${bits.join(" · ")}`, exitCode !== 0);
+  }
+
+  stop() {
+    if (!this.running) return;
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) {
+      this.stopping = true;
+      try {
+        this.ws.send(JSON.stringify({ type: "kill" }));
+      } catch {
+        /* closing anyway */
+      }
+      this.ws.close();
+      this.meta("Stopped.", true);
+    }
+    if (this.abort) this.abort.abort();
+  }
+}

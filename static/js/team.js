@@ -1,0 +1,162 @@
+// Team page: members and roles, invitations, API keys (secret shown once, copy, revoke).
+import { api, apiAll, copyText, date, dateTime, h, pageData, showError, toast } from "./api.js";
+
+const canManage = pageData("can-manage");
+const $ = (id) => document.getElementById(id);
+const ROLES = ["owner", "admin", "member"];
+
+async function loadMembers() {
+  try {
+    const members = await apiAll("members");
+    $("members").replaceChildren(
+      ...members.map((m) =>
+        h(
+          "tr",
+          { dataset: { member: m.id } },
+          h("td", {}, m.email),
+          h(
+            "td",
+            {},
+            canManage
+              ? h(
+                  "select",
+                  { "aria-label": `Role of ${m.email}`, onchange: (ev) => changeRole(m, ev.target) },
+                  ...ROLES.map((r) => h("option", { value: r, selected: r === m.role }, r)),
+                )
+              : m.role,
+          ),
+          h("td.hide-sm", {}, date(m.created_at)),
+          h("td.actions", {}, canManage ? h("button.small.danger", { type: "button", onclick: () => removeMember(m) }, "Remove") : null),
+        ),
+      ),
+    );
+  } catch (err) {
+    showError($("members-error"), err);
+  }
+}
+
+async function changeRole(m, select) {
+  try {
+    await api(`members/${m.id}`, { method: "PATCH", body: { role: select.value } });
+    toast(`${m.email} is now ${select.value}`);
+  } catch (err) {
+    toast(err, { error: true });
+    select.value = m.role;
+  }
+}
+
+async function removeMember(m) {
+  if (!confirm(`Remove ${m.email} from the organization?`)) return;
+  try {
+    await api(`members/${m.id}`, { method: "DELETE" });
+    loadMembers();
+  } catch (err) {
+    toast(err, { error: true });
+  }
+}
+
+function invitationStatus(inv) {
+  if (inv.accepted_at) return h("span.pill.ok", {}, "accepted");
+  if (inv.revoked_at) return h("span.pill", {}, "revoked");
+  if (inv.expires_at && Date.parse(inv.expires_at) < Date.now()) return h("span.pill", {}, "expired");
+  return h("span.pill.warn", {}, "pending");
+}
+
+async function loadInvitations() {
+  const invitations = await apiAll("invitations");
+  $("invitations").replaceChildren(
+    ...(invitations.length
+      ? invitations.map((i) => h("tr", {}, h("td", {}, i.email), h("td", {}, i.role), h("td", {}, invitationStatus(i)), h("td.hide-sm", {}, dateTime(i.expires_at))))
+      : [h("tr", {}, h("td.empty", { colspan: 4 }, "No invitations yet."))]),
+  );
+}
+
+function keyStatus(k) {
+  if (k.revoked) return h("span.pill", {}, "revoked");
+  if (k.expires_at && Date.parse(k.expires_at) < Date.now()) return h("span.pill.bad", {}, "expired");
+  return h("span.pill.ok", {}, "active");
+}
+
+async function loadKeys() {
+  const keys = await apiAll("api-keys");
+  $("api-keys").replaceChildren(
+    ...(keys.length
+      ? keys.map((k) =>
+          h(
+            "tr",
+            { dataset: { key: k.id } },
+            h("td", {}, k.name),
+            h("td", {}, h("code", {}, `${k.prefix}…`)),
+            h("td.hide-sm", { title: k.created_by ? `by ${k.created_by}` : "" }, date(k.created_at)),
+            h("td", {}, k.last_used_at ? dateTime(k.last_used_at) : h("span.muted", {}, "never")),
+            h("td", {}, keyStatus(k)),
+            h("td.actions", {}, k.revoked ? null : h("button.small.danger", { type: "button", onclick: () => revokeKey(k), "aria-label": `Revoke ${k.name}` }, "Revoke")),
+          ),
+        )
+      : [h("tr", {}, h("td.empty", { colspan: 6 }, "No API keys yet."))]),
+  );
+}
+
+async function revokeKey(k) {
+  if (!confirm(`Revoke "${k.name}"? Programs using it stop working at once.`)) return;
+  try {
+    await api(`api-keys/${k.id}`, { method: "DELETE" });
+    toast(`Revoked ${k.name}`);
+    loadKeys();
+  } catch (err) {
+    toast(err, { error: true });
+  }
+}
+
+if (canManage) {
+  $("invite-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const form = ev.target;
+    const out = $("invite-result");
+    out.replaceChildren();
+    try {
+      const inv = await api("invitations", { method: "POST", body: { email: form.email.value, role: form.role.value } });
+      out.replaceChildren(
+        h("div.alert.info", {}, `Invitation for ${inv.email} created. Share this link: `, h("code", {}, inv.url), " ", h("button.small", { type: "button", onclick: async () => toast((await copyText(inv.url)) ? "Link copied" : "Copy failed") }, "Copy")),
+      );
+      form.reset();
+      loadInvitations();
+    } catch (err) {
+      showError(out, err);
+    }
+  });
+
+  $("key-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const form = ev.target;
+    const out = $("key-result");
+    out.replaceChildren();
+    const body = { name: form.name.value };
+    if (form.expires_at.value) body.expires_at = new Date(`${form.expires_at.value}T23:59:59`).toISOString();
+    try {
+      const key = await api("api-keys", { method: "POST", body });
+      const copy = h("button.small", { type: "button", id: "copy-secret" }, "Copy");
+      copy.addEventListener("click", async () => {
+        copy.textContent = (await copyText(key.secret)) ? "Copied ✓" : "Copy failed";
+      });
+      out.replaceChildren(
+        h(
+          "div.alert.info",
+          { role: "status" },
+          h("strong", {}, `Key "${key.name}" created.`),
+          " Copy the secret now — it will not be shown again.",
+          h("div.secret-box", {}, h("code", { id: "new-secret" }, key.secret), copy),
+          h("button.small", { type: "button", onclick: () => out.replaceChildren() }, "Done, I saved it"),
+        ),
+      );
+      copy.focus();
+      form.reset();
+      loadKeys();
+    } catch (err) {
+      showError(out, err);
+    }
+  });
+
+  Promise.all([loadInvitations(), loadKeys()]).catch((err) => showError($("key-result"), err));
+}
+loadMembers();

@@ -1,0 +1,177 @@
+"""End to end: 32 HTTP clients × 200 metered calls against daphne on PostgreSQL + Redis
+count exactly 6,400 executions (plus the sandbox's creation), none lost, none doubled."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from django.db import connection
+
+from billing import services
+from billing.models import UsageDaily, UsageEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS, CALLS = 32, 200
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def server(settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """daphne serving this test's database and Redis prefix on a free loopback port."""
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL and REDIS_URL")
+    db = connection.settings_dict
+    port = free_port()
+    env = dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="playground.settings",
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        REDIS_URL=settings.REDIS_URL,
+        SANDPIT_INSTALLATION=settings.SANDPIT_INSTALLATION,
+        SANDPIT_API_RATE="1000000/min",
+        SANDPIT_LOCAL_ROOT=str(tmp_path / "sandboxes"),
+        SANDPIT_VAR_DIR=str(tmp_path / "var"),
+        SANDPIT_LOG_LEVEL="WARNING",
+    )
+    log = (tmp_path / "daphne.log").open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "playground.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/health/live", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:]
+                )
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def test_32_clients_x_200_metered_calls_count_exactly(server, org_a, key_a):  # type: ignore[no-untyped-def]
+    headers = {"Authorization": f"Bearer {key_a}"}
+    created = httpx.post(f"{server}/api/v1/sandboxes", json={}, headers=headers, timeout=60)
+    assert created.status_code == 201, created.text
+    sandbox_url = f"{server}/api/v1/sandboxes/{created.json()['id']}"
+    statuses: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        mine: list[int] = []
+        try:
+            with httpx.Client(headers=headers, timeout=120) as http:  # keep-alive
+                for _ in range(CALLS):
+                    mine.append(
+                        http.get(f"{sandbox_url}/files/stat", params={"path": "."}).status_code
+                    )
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        with lock:
+            statuses.extend(mine)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    assert errors == []
+    assert statuses == [200] * (CLIENTS * CALLS), {s: statuses.count(s) for s in set(statuses)}
+    print(
+        f"\n{CLIENTS * CALLS} metered calls in {elapsed:.1f} s = {CLIENTS * CALLS / elapsed:.0f} req/s"
+    )
+
+    # Usage is current before any flush: unflushed executions are included.
+    usage = httpx.get(f"{server}/api/v1/usage", headers=headers, timeout=30).json()
+    assert usage["executions"] == 1 + CLIENTS * CALLS
+    # Usage calls are billing pages: not counted.
+    assert (
+        httpx.get(f"{server}/api/v1/usage", headers=headers, timeout=30).json()["executions"]
+        == 1 + CLIENTS * CALLS
+    )
+
+    # A retried request with one Idempotency-Key runs and counts once.
+    retry_headers = {**headers, "Idempotency-Key": "retry-once-1"}
+    first = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
+    )
+    second = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
+    )
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    assert first.content == second.content and second.headers.get("Idempotent-Replayed") == "true"
+    reused = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo other"}, headers=retry_headers, timeout=60
+    )
+    assert reused.status_code == 422 and reused.json()["error"]["code"] == "idempotency_key_reused"
+
+    # Refused before reaching a sandbox: not counted.
+    assert (
+        httpx.get(f"{sandbox_url}/files/stat", params={"path": "."}, timeout=30).status_code == 401
+    )
+    assert (
+        httpx.get(
+            f"{server}/api/v1/sandboxes/sbx_nope/files/stat",
+            params={"path": "."},
+            headers=headers,
+            timeout=30,
+        ).status_code
+        == 404
+    )
+
+    services.usage_flush()
+    expected = 1 + CLIENTS * CALLS + 1
+    assert UsageEvent.objects.filter(organization=org_a).count() == expected
+    assert (
+        sum(UsageDaily.objects.filter(organization=org_a).values_list("count", flat=True))
+        == expected
+    )
+    assert UsageDaily.objects.get(organization=org_a).api_key_ref == org_a.api_keys.get().pk
+    assert (
+        httpx.get(f"{server}/api/v1/usage", headers=headers, timeout=30).json()["executions"]
+        == expected
+    )
+    httpx.delete(sandbox_url, headers=headers, timeout=60)

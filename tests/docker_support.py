@@ -1,0 +1,63 @@
+"""Getting a working DockerProvider for tests, or a clear skip.
+
+`docker_provider_or_skip()` starts the engine (scripts/docker-up.sh) and builds
+the sandbox image (scripts/build-sandbox-image.sh) once per test session. When
+that cannot work here the docker tests skip with the reason, except on CI
+(CI=true), where a missing engine must fail the build rather than hide it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandboxes.providers.base import ProviderError
+from sandboxes.providers.docker import DockerProvider
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_INSTALLATION = "pytest"
+"""Containers made by tests carry this installation label, apart from real ones."""
+
+_lock = threading.Lock()
+_outcome: tuple[DockerProvider | None, str] | None = None
+
+
+def _prepare() -> tuple[DockerProvider | None, str]:
+    for script, timeout_s in (("docker-up.sh", 120), ("build-sandbox-image.sh", 900)):
+        try:
+            done = subprocess.run(
+                [str(ROOT / "scripts" / script)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"scripts/{script} could not run: {exc}"
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-800:]
+            return None, f"scripts/{script} failed (exit {done.returncode}): {tail}"
+    provider = DockerProvider(installation=TEST_INSTALLATION)
+    try:
+        provider.health()
+    except ProviderError as exc:
+        return None, f"the Docker engine does not answer: {exc.message}"
+    return provider, ""
+
+
+def docker_provider_or_skip() -> DockerProvider:
+    """A provider on a running engine with the sandbox image built; skips (fails on CI) if not."""
+    global _outcome
+    with _lock:
+        if _outcome is None:
+            _outcome = _prepare()
+    provider, reason = _outcome
+    if provider is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"Docker is required on CI: {reason}", pytrace=False)
+        pytest.skip(f"Docker unavailable: {reason}")
+    return provider
