@@ -88,7 +88,7 @@ else
 fi
 # Drop older content-hash tags of this image (layers shared with the new one stay).
 docker images "$IMAGE" --format '{{.Tag}}' | grep -xE '[0-9a-f]{12}' | grep -vx "$ctx_hash" \
-    | while read -r old; do docker rmi "$IMAGE:$old" >/dev/null 2>&1 || true; done
+    | while read -r old; do docker rmi "$IMAGE:$old" >/dev/null 2>&1 || true; done || true
 for extra in "$@"; do
     docker tag "$TAG" "$extra"
 done

@@ -101,6 +101,7 @@ _PIDS_HEADROOM = 16
 _MAX_PATH_BYTES = 4096
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
+_CONTAINER_REF = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")
 _INLINE_CODE_MAX = 96 * 1024
 """Code longer than this goes through stdin: one argv string is capped at 128 KiB."""
 _TRANSPORT_GRACE_S = 10.0
@@ -825,6 +826,8 @@ class DockerPtySession:
             return b""
 
     def write(self, data: bytes) -> None:
+        if self._closed:
+            raise SandboxGone("The terminal is closed.")
         view = memoryview(data)
         deadline = time.monotonic() + 10.0
         while view:
@@ -1057,15 +1060,18 @@ class DockerProvider:
         """The container id, after checking once that this installation owns it."""
         if provider_id in self._owned:
             return provider_id
-        if not provider_id or not all(c.isalnum() or c in "_.-" for c in provider_id):
-            raise SandboxGone(f"Sandbox {provider_id!r} does not exist.")
-        with _translate(provider_id):
-            info = self._api().inspect_container(provider_id)
+        info = self._inspect(provider_id)
         if not self._is_ours(info["Config"].get("Labels") or {}):
             raise SandboxGone(f"Sandbox {provider_id} does not exist.")
         if info["Id"].startswith(provider_id):
             self._owned.add(provider_id)
         return provider_id
+
+    def _inspect(self, provider_id: str) -> dict[str, Any]:
+        if not _CONTAINER_REF.fullmatch(provider_id or ""):
+            raise SandboxGone(f"Sandbox {provider_id!r} does not exist.")
+        with _translate(provider_id):
+            return self._api().inspect_container(provider_id)  # type: ignore[no-any-return]
 
     def _is_ours(self, labels: Mapping[str, str]) -> bool:
         return (
@@ -1267,8 +1273,7 @@ class DockerProvider:
 
     def get(self, provider_id: str) -> SandboxHandle:
         """Raises SandboxGone when it does not exist (or belongs to another installation)."""
-        with _translate(provider_id):
-            info = self._api().inspect_container(provider_id)
+        info = self._inspect(provider_id)
         labels = info["Config"].get("Labels") or {}
         if not self._is_ours(labels):
             raise SandboxGone(f"Sandbox {provider_id} does not exist.")

@@ -54,6 +54,10 @@ let state = data.sandbox.state;
 let gone = false;
 
 function setState(next, reason) {
+  if (next === "gone") {
+    next = "destroyed";
+    reason ||= "stopped or reaped";
+  }
   state = next;
   const pill = $("sandbox-state");
   pill.textContent = next;
@@ -153,6 +157,7 @@ function connectEvents() {
     dot.className = "pill ok";
     dot.textContent = "live";
     dot.title = "Receiving live events";
+    ws.send(JSON.stringify({ type: "watch", id: "explorer", path: ".", recursive: true, ignore: ["node_modules", ".git", "__pycache__", "*.pyc"] }));
     // Anything that happened while disconnected: relist.
     explorer.reload();
   };
@@ -191,8 +196,13 @@ function connectEvents() {
       case "status":
         setState(msg.state, msg.reason);
         break;
+      case "ready":
+        if (msg.state) setState(msg.state);
+        break;
       case "error":
-        toast(`Events: ${msg.message || msg.code}`, { error: true });
+        if (msg.code === "free_allowance_exhausted" || msg.code === "premium_required" || msg.status === 402) {
+          $("explorer-error").replaceChildren(h("div.alert.warn", { role: "status" }, `Live file updates are off: ${msg.message}`));
+        } else toast(`Events: ${msg.message || msg.code}`, { error: true });
         break;
       default:
         break;
@@ -233,8 +243,14 @@ if (["running", "creating"].includes(state)) {
   connectEvents();
   pollStats();
   statsTimer = setInterval(pollStats, data.stats_interval_ms || 5000);
-  for (const p of data.ports || []) ports.set(p.port, { port: p.port, url: portUrl(p) });
-  renderPorts();
+  api(`sandboxes/${sandboxId}/ports`)
+    .then(({ results }) => {
+      for (const p of results) ports.set(p.port, { port: p.port, url: portUrl(p) });
+      renderPorts();
+    })
+    .catch((err) => {
+      if (err.status === 402) $("ports").replaceChildren(h("span.muted.small", { title: err.message }, "Port previews need the premium plan"));
+    });
 } else {
   gone = false;
   setState(state, data.sandbox.destroy_reason);

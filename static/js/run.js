@@ -4,8 +4,6 @@
 // abandons the request.
 import { api, h, wsUrl } from "./api.js";
 
-const decoder = () => new TextDecoder("utf-8", { fatal: false });
-
 export class Runner {
   constructor({ sandboxId, editor, output, runButton, stopButton, stdin, clearButton, streamPath }) {
     Object.assign(this, { sandboxId, editor, output, runButton, stopButton, stdin, streamPath });
@@ -71,11 +69,13 @@ export class Runner {
   }
 
   runStreaming({ code, language, stdin }) {
+    // Protocol (sandboxes/consumers.py ExecConsumer): → {"type":"run",id,code,language};
+    // ← started / stdout / stderr / exit / error, each with the run id; → stdin (+eof), cancel.
     return new Promise((resolve) => {
       const ws = new WebSocket(wsUrl(this.streamPath));
-      ws.binaryType = "arraybuffer";
+      const id = `r${Date.now().toString(36)}`;
       this.ws = ws;
-      const out = decoder();
+      this.runId = id;
       let done = false;
       const end = () => {
         if (!done) {
@@ -83,27 +83,38 @@ export class Runner {
           resolve();
         }
       };
-      ws.onopen = () => ws.send(JSON.stringify({ type: "start", code, language, stdin: stdin || "" }));
+      ws.onopen = () => ws.send(JSON.stringify({ type: "run", id, code, language }));
       ws.onmessage = (ev) => {
-        if (typeof ev.data !== "string") {
-          this.append(out.decode(new Uint8Array(ev.data), { stream: true }), "stdout");
+        if (typeof ev.data !== "string") return;
+        let msg;
+        try {
+          msg = JSON.parse(ev.data);
+        } catch {
           return;
         }
-        const msg = JSON.parse(ev.data);
-        if (msg.type === "stdout" || msg.type === "stderr") this.append(msg.data, msg.type);
+        if (msg.id && msg.id !== id) return;
+        if (msg.type === "started") {
+          // Always close stdin so a program reading it does not wait forever.
+          ws.send(JSON.stringify({ type: "stdin", id, data: stdin || "", eof: true }));
+        } else if (msg.type === "stdout" || msg.type === "stderr") this.append(msg.data, msg.type);
         else if (msg.type === "exit") {
-          this.finish(msg.exit_code ?? msg.code, msg.duration_ms, { timedOut: msg.timed_out });
+          if (msg.cancelled) this.meta("Stopped.", true);
+          this.finish(msg.code, msg.duration_ms, { timedOut: msg.timed_out });
           ws.close();
           end();
         } else if (msg.type === "error") {
           this.meta(`Error: ${msg.message || msg.code}${msg.code ? ` [${msg.code}]` : ""}`, true);
-          ws.close();
-          end();
+          if (!msg.id || msg.id === id) {
+            ws.close();
+            end();
+          }
         }
       };
       ws.onclose = (ev) => {
-        if (!done && !this.stopping) this.meta(`Connection closed (${ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`, true);
-        this.stopping = false;
+        if (!done) {
+          const why = { 4401: "not signed in", 4402: "payment required", 4403: "not allowed", 4404: "sandbox not found" }[ev.code];
+          this.meta(`Connection closed (${why || ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`, true);
+        }
         end();
       };
     });
@@ -119,15 +130,9 @@ export class Runner {
 
   stop() {
     if (!this.running) return;
-    if (this.ws && this.ws.readyState <= WebSocket.OPEN) {
-      this.stopping = true;
-      try {
-        this.ws.send(JSON.stringify({ type: "kill" }));
-      } catch {
-        /* closing anyway */
-      }
-      this.ws.close();
-      this.meta("Stopped.", true);
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) {
+      // The server kills the process and answers with an exit message marked cancelled.
+      this.ws.send(JSON.stringify({ type: "cancel", id: this.runId }));
     }
     if (this.abort) this.abort.abort();
   }

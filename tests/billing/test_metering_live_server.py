@@ -3,6 +3,7 @@ count exactly 6,400 executions (plus the sandbox's creation), none lost, none do
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -21,7 +22,8 @@ from billing.models import UsageDaily, UsageEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
-CLIENTS, CALLS = 32, 200
+logging.getLogger("httpx").setLevel(logging.WARNING)
+CLIENTS, CALLS = 32, int(os.environ.get("BILLING_LIVE_CALLS", "200"))
 
 
 def free_port() -> int:
@@ -31,7 +33,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server(settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """daphne serving this test's database and Redis prefix on a free loopback port."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL and REDIS_URL")

@@ -36,7 +36,9 @@ def docker_available() -> bool:
     if shutil.which("docker") is None:
         return False
     image = os.environ.get("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    return (
+        subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,9 @@ def test_idle_sandbox_is_reaped_and_active_ones_are_kept(make_sandbox):
     recent = make_sandbox(idle_s=30, timeout_s=60)
     # Idle by the clock, but a terminal keystroke just touched it (what the consumer calls).
     typed = make_sandbox(idle_s=120, timeout_s=60)
-    Sandbox.objects.filter(pk=typed.pk).update(last_activity_at=timezone.now() - timedelta(seconds=10))
+    Sandbox.objects.filter(pk=typed.pk).update(
+        last_activity_at=timezone.now() - timedelta(seconds=10)
+    )
     sandbox_touch_id(typed.pk)
 
     report = operations.reap_sandboxes()

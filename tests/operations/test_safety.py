@@ -45,7 +45,9 @@ CRASHING_REAPER = textwrap.dedent(
 )
 
 
-def test_reaper_killed_mid_reap_is_completed_by_the_next_run(make_sandbox, ops_root, settings, tmp_path):
+def test_reaper_killed_mid_reap_is_completed_by_the_next_run(
+    make_sandbox, ops_root, settings, tmp_path
+):
     sandbox = make_sandbox(idle_s=120, timeout_s=60)
     marker = tmp_path / "committed"
     env = {
@@ -55,9 +57,7 @@ def test_reaper_killed_mid_reap_is_completed_by_the_next_run(make_sandbox, ops_r
         "SANDPIT_LOCAL_ROOT": str(ops_root),
         "DJANGO_SETTINGS_MODULE": "playground.settings",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_REAPER, str(marker)], cwd=ROOT, env=env
-    )
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_REAPER, str(marker)], cwd=ROOT, env=env)
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
@@ -125,7 +125,9 @@ def test_concurrent_reapers_never_double_destroy(make_sandbox, monkeypatch):
     assert errors == []
     everyone = idle + expired
     assert destroyed == Counter({s.provider_id: 1 for s in everyone})
-    states = dict(Sandbox.objects.filter(pk__in=[s.pk for s in everyone]).values_list("id", "destroy_reason"))
+    states = dict(
+        Sandbox.objects.filter(pk__in=[s.pk for s in everyone]).values_list("id", "destroy_reason")
+    )
     assert states == {**{s.id: "idle" for s in idle}, **{s.id: "max_lifetime" for s in expired}}
 
 
@@ -138,6 +140,7 @@ def test_young_orphan_is_left_alone_for_an_in_flight_create(ops_providers):
 
 def test_stale_creating_row_is_cleaned(make_sandbox, settings):
     sandbox = make_sandbox(timeout_s=600)
+    resource = sandbox.provider_id
     # The creating worker died after provider.create, before recording the provider id.
     Sandbox.objects.filter(pk=sandbox.pk).update(state=SandboxState.CREATING, provider_id="")
     settings.SANDPIT_CREATE_STALE_S = 0
@@ -145,7 +148,7 @@ def test_stale_creating_row_is_cleaned(make_sandbox, settings):
     report = operations.reconcile_sandboxes()
     assert report.stale_creates == [sandbox.id]
     # Its resource, now owned by no live row, went as an orphan in the same run.
-    assert report.orphans_destroyed == [sandbox.provider_id]
+    assert report.orphans_destroyed == [resource]
     sandbox.refresh_from_db()
     assert (sandbox.state, sandbox.destroy_reason) == (SandboxState.DESTROYED, "create_interrupted")
-    assert not Path(settings.SANDPIT_LOCAL_ROOT, sandbox.provider_id).exists()
+    assert not Path(settings.SANDPIT_LOCAL_ROOT, resource).exists()

@@ -87,7 +87,7 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         "SANDPIT_LOCAL_ROOT": str(root),
         "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
         "SANDPIT_DEFAULT_PROVIDER": "local",
-        "SANDPIT_INSTALLATION": "pytest",
+        "SANDPIT_INSTALLATION": "pytest-realtime",
         "DJANGO_SETTINGS_MODULE": "playground.settings",
         "PYTHONPATH": str(ROOT),
     }

@@ -82,7 +82,7 @@ def test_output_bytes_reach_the_client_unaltered(server, rt_api_a, key_a, sbx_a)
     term = _attach(server, key_a, open_terminal(rt_api_a, sbx_a))
     term.read_until(r"\$ ")
     # 200 KB of 3-byte characters: PTY reads split them, the frames must carry raw bytes.
-    term.send("python3 -c \"import sys; sys.stdout.buffer.write('€'.encode()*70000 + b'|END|')\"\r")
+    term.send("python3 -c \"import sys; sys.stdout.buffer.write('€'.encode()*70000 + b'|E' + b'ND|')\"\r")
     data = term.read_until(r"\|END\|", timeout=20)
     text = data.decode("utf-8")  # strict: any re-encoding damage would raise
     assert text.count("€") >= 70000
@@ -108,3 +108,26 @@ def test_shell_exit_sends_exit_code(server, rt_api_a, key_a, sbx_a):  # type: ig
     term.read_until(r"\$ ")
     term.send("exit 3\r")
     assert term.wait_control("exit") == {"type": "exit", "code": 3}
+
+
+def test_each_enter_counts_one_execution(server, rt_api_a, key_a, sbx_a, org_a, settings):  # type: ignore[no-untyped-def]
+    from billing.metering import get_meter
+    from billing.pricing import period_start
+    from django.utils import timezone
+
+    settings.SANDPIT_INSTALLATION = "pytest-realtime"  # the daphne's meter keys
+
+    def executions() -> int:
+        now = timezone.now()
+        return get_meter().period_state(org_a.pk, period_start(now), now).executions
+
+    term = _attach(server, key_a, open_terminal(rt_api_a, sbx_a))
+    term.read_until(r"\$ ")
+    before = executions()
+    term.send("echo a\r\necho b\r")  # a pasted CRLF is one Enter: 2
+    term.send(b"echo c\n")  # 3
+    term.read_until(r"\rc\r\n")
+    deadline = time.monotonic() + 5
+    while executions() - before < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert executions() - before == 3

@@ -157,13 +157,17 @@ def test_cannot_reach_a_server_on_the_host(docker_provider, make_sandbox):
 def test_fork_bomb_is_contained(docker_provider, make_sandbox):
     sandbox = make_sandbox(resources=Resources(pids=64, memory_mb=256))
     result = sh(docker_provider, sandbox, "bomb() { bomb | bomb & }; bomb; sleep 30", timeout_s=3)
-    assert result.timed_out
-    # The sandbox survives, the bomb is gone, and the limit held.
-    info = inspect(sandbox)
-    assert info["State"]["Running"]
-    after = sh(docker_provider, sandbox, "ls -d /proc/[0-9]* | wc -l")
-    assert after.exit_code == 0
-    assert int(after.stdout) < 20
+    assert result.exit_code != 0, result
+    # The limit held: the host is fine and the sandbox survives. Killed bomb
+    # processes are reaped by tini, so allow a moment before it answers again.
+    assert inspect(sandbox)["State"]["Running"]
+    deadline = time.monotonic() + 15
+    while True:
+        after = sh(docker_provider, sandbox, "ls -d /proc/[0-9]* | wc -l")
+        if after.exit_code == 0 and int(after.stdout or 99) < 20:
+            break
+        assert time.monotonic() < deadline, after
+        time.sleep(0.2)
 
 
 def test_memory_bomb_is_contained(docker_provider, make_sandbox):

@@ -1,0 +1,125 @@
+"""Start a real Sandpit server (daphne) for benchmarks, on Postgres + Redis when available."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sandpit_bench"
+        ),
+        "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"),
+        "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
+        "SANDPIT_MAX_CONCURRENT_SANDBOXES": "200",
+        "SANDPIT_API_RATE": "1000000/min",
+        "SANDPIT_LOG_LEVEL": "WARNING",
+        "DJANGO_DEBUG": "false",
+    }
+    env.update(extra or {})
+    return env
+
+
+def ensure_database(env: dict[str, str]) -> None:
+    url = env["DATABASE_URL"]
+    name = url.rsplit("/", 1)[-1]
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {name}"],
+        capture_output=True,
+    )
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+
+
+def create_org_and_key(env: dict[str, str], slug: str = "bench") -> str:
+    code = (
+        "from accounts.models import Organization;"
+        "from accounts.services import api_key_create;"
+        f"org,_=Organization.objects.get_or_create(slug='{slug}',defaults={{'name':'Bench','plan':'premium'}});"
+        "org.plan='premium';org.save();"
+        "print(api_key_create(organization=org,name='bench').secret)"
+    )
+    out = subprocess.run(
+        [PY, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+@contextmanager
+def daphne(env: dict[str, str]):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(Path(PY).parent / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "playground.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.1)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class Api:
+    """A keep-alive HTTP client for one server."""
+
+    def __init__(self, port: int, key: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port)
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def call(self, method: str, path: str, body: object | None = None) -> tuple[int, object]:
+        data = json.dumps(body).encode() if body is not None else None
+        self.conn.request(method, path, body=data, headers=self.headers)
+        response = self.conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw) if raw else None
+        except ValueError:
+            return response.status, raw
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]

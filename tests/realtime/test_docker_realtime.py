@@ -1,0 +1,55 @@
+"""The same real-time paths on the docker provider (skipped where no engine runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import TerminalOutput, create_sandbox, open_terminal, recv_json
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
+
+
+@pytest.fixture
+def docker_sbx(server, rt_api_a):  # type: ignore[no-untyped-def]
+    from django.conf import settings
+
+    from tests.docker_support import docker_provider_or_skip
+
+    if "docker" not in settings.SANDPIT_PROVIDERS:
+        pytest.skip("SANDPIT_PROVIDERS does not enable docker")
+    docker_provider_or_skip()
+    sandbox_id = create_sandbox(rt_api_a, provider="docker")
+    yield sandbox_id
+    rt_api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
+
+
+def test_docker_terminal_python_resize_ctrl_c_and_preview(server, rt_api_a, key_a, docker_sbx):  # type: ignore[no-untyped-def]
+    events = server.ws(f"/ws/sandboxes/{docker_sbx}/events", key=key_a)
+    recv_json(events, "ready")
+    events.send(json.dumps({"type": "watch", "id": "w", "path": "."}))
+    recv_json(events, "watching", timeout=20)
+    term = TerminalOutput(server.ws(open_terminal(rt_api_a, docker_sbx)["ws_path"], key=key_a))
+    term.read_until(r"\$ ", timeout=15)
+    term.send("python3\r")
+    term.read_until(">>> ")
+    term.send("print(6*7)\r")
+    term.read_until(r"\r\n42\r\n")
+    term.send("exit()\r")
+    term.read_until(r"\$ $")
+    term.send("sleep 100\r")
+    term.read_until("sleep 100\r\n")
+    term.send(b"\x03")
+    term.send("echo after-$((40+2))\r")
+    term.read_until("after-42", timeout=5)
+    term.ws.send('{"type": "resize", "cols": 111, "rows": 33}')
+    term.send("stty size\r")
+    term.read_until(r"33 111\r\n")
+    term.send("touch from-docker.txt; python3 -m http.server 8000 >/dev/null 2>&1 &\r")
+    paths = {e["path"] for e in recv_json(events, "files", timeout=15)["events"]}
+    assert "from-docker.txt" in paths
+    opened = recv_json(events, "port_open", timeout=20)
+    page = rt_api_a.get(opened["url"])
+    assert page.status_code == 200 and "from-docker.txt" in page.text
+    events.close()
