@@ -109,11 +109,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
 
+    import logging
+
     import django
 
     django.setup()
     import httpx
     import redis
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from django.conf import settings
 
     from accounts.models import Organization
@@ -206,9 +210,9 @@ def main() -> None:
         sandbox_path = f"/api/v1/sandboxes/{created.json()['id']}/files/stat?path=."
         http_rows: dict[str, list[float]] = {}
         for name, base, path in (
-            ("GET /organization (unmetered endpoint)", bases["metered"], "/api/v1/organization"),
-            ("GET files/stat, metering stubbed out", bases["unmetered"], sandbox_path),
-            ("GET files/stat, metered", bases["metered"], sandbox_path),
+            ("GET /organization (unmetered)", bases["metered"], "/api/v1/organization"),
+            ("files/stat, metering stubbed", bases["unmetered"], sandbox_path),
+            ("files/stat, metered", bases["metered"], sandbox_path),
         ):
             with httpx.Client(headers=headers, timeout=60) as http:
                 for _ in range(20):
@@ -231,8 +235,8 @@ def main() -> None:
             headers=headers,
             timeout=60,
         )
-        metered = percentile(http_rows["GET files/stat, metered"], 0.5)
-        stubbed = percentile(http_rows["GET files/stat, metering stubbed out"], 0.5)
+        metered = percentile(http_rows["files/stat, metered"], 0.5)
+        stubbed = percentile(http_rows["files/stat, metering stubbed"], 0.5)
     finally:
         for process in daphnes:
             process.terminate()

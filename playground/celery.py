@@ -12,9 +12,22 @@ app = Celery("sandpit")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+
+def _interval(name: str, default: float) -> float:
+    from django.conf import settings
+
+    return float(getattr(settings, name, default))
+
+
 app.conf.beat_schedule = {
-    "reap-sandboxes": {"task": "sandboxes.tasks.reap_sandboxes", "schedule": 60.0},
-    "reconcile-sandboxes": {"task": "sandboxes.tasks.reconcile_sandboxes", "schedule": 300.0},
+    "reap-sandboxes": {
+        "task": "sandboxes.tasks.reap_sandboxes",
+        "schedule": _interval("SANDPIT_REAP_INTERVAL_S", 60),
+    },
+    "reconcile-sandboxes": {
+        "task": "sandboxes.tasks.reconcile_sandboxes",
+        "schedule": _interval("SANDPIT_RECONCILE_INTERVAL_S", 300),
+    },
     "flush-usage": {"task": "billing.tasks.flush_usage", "schedule": 10.0},
     "close-billing-periods": {"task": "billing.tasks.close_billing_periods", "schedule": 3600.0},
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -10,6 +11,8 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from accounts.models import Organization
+from billing import pricing
+from billing.metering import get_meter
 from billing.models import UsageEvent
 from billing.selectors import usage_summary
 from sandboxes.models import LIVE_STATES, Sandbox
@@ -104,23 +107,44 @@ def staff_usage_by_organization() -> list[OrganizationUsage]:
 
 
 def staff_executions_per_hour(*, hours: int = 24, now: datetime | None = None) -> list[HourBucket]:
-    """Executions recorded in the ledger per UTC hour over the last `hours`, zeros included.
-    Events still buffered in the meter (Redis) appear after the next flush."""
+    """Executions per UTC hour over the last `hours`, zeros included: the ledger plus events
+    still buffered in the meter (Redis) that no flush has written yet, each counted once."""
     now = now or timezone.now()
     end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     start = end - timedelta(hours=hours)
-    counts = dict(
-        UsageEvent.objects.filter(occurred_at__gte=start, occurred_at__lt=end)
-        .annotate(hour=TruncHour("occurred_at"))
-        .values_list("hour")
-        .annotate(n=Count("id"))
-        .values_list("hour", "n")
-    )
-    return [
-        HourBucket(
-            hour=start + timedelta(hours=i), executions=counts.get(start + timedelta(hours=i), 0)
+    counts: Counter[datetime] = Counter(
+        dict(
+            UsageEvent.objects.filter(occurred_at__gte=start, occurred_at__lt=end)
+            .annotate(hour=TruncHour("occurred_at"))
+            .values_list("hour")
+            .annotate(n=Count("id"))
+            .values_list("hour", "n")
         )
-        for i in range(hours)
+    )
+    meter = get_meter()
+    periods = {pricing.period_start(start), pricing.period_start(now)}
+    pending = [
+        event
+        for org_id in Organization.objects.values_list("pk", flat=True)[:MAX_ORGANIZATIONS_LISTED]
+        for period in periods
+        for event in meter.pending(org_id, period)
+        if start <= event.occurred_at < end
+    ]
+    if pending:
+        flushed = set(
+            UsageEvent.objects.filter(event_id__in=[e.event_id for e in pending]).values_list(
+                "event_id", flat=True
+            )
+        )
+        seen: set[str] = set()
+        for event in pending:
+            if event.event_id in flushed or event.event_id in seen:
+                continue
+            seen.add(event.event_id)
+            counts[event.occurred_at.replace(minute=0, second=0, microsecond=0)] += 1
+    return [
+        HourBucket(hour=hour, executions=counts.get(hour, 0))
+        for hour in (start + timedelta(hours=i) for i in range(hours))
     ]
 
 

@@ -302,6 +302,6 @@ SANDPIT_CREATE_STALE_S = env_int("SANDPIT_CREATE_STALE_S", 600)
 SANDPIT_PRE_STOP_HOOK = env_str("SANDPIT_PRE_STOP_HOOK")
 SANDPIT_PRE_STOP_HOOK_TIMEOUT_S = env_int("SANDPIT_PRE_STOP_HOOK_TIMEOUT_S", 10)
 SANDPIT_REAP_BATCH = env_int("SANDPIT_REAP_BATCH", 500)
-# Beat intervals; playground/celery.py should read these (they default to its 60 s / 300 s).
+# Beat intervals, read by playground/celery.py.
 SANDPIT_REAP_INTERVAL_S = env_int("SANDPIT_REAP_INTERVAL_S", 60)
 SANDPIT_RECONCILE_INTERVAL_S = env_int("SANDPIT_RECONCILE_INTERVAL_S", 300)

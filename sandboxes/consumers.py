@@ -62,12 +62,22 @@ class _OutboundConsumer(AsyncWebsocketConsumer):
         self._out: deque[Any] = deque()
         self._out_bytes = 0
         self._out_wakeup: asyncio.Future[None] | None = None
-        self._pump_task: asyncio.Task[None] | None = asyncio.ensure_future(self._pump())
+        self._busy = False
+        """A send is suspended mid-way (the pump's or a resumed direct one): queue behind it."""
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._pump_task: asyncio.Task[None] | None = asyncio.ensure_future(self._pump())
 
     def enqueue(self, item: Any) -> None:
-        """bytes → binary frame, dict → JSON text frame, _CLOSE → close after the rest."""
+        """bytes → binary frame, dict → JSON text frame, (_CLOSE, code) → close after the rest.
+
+        With nothing queued the frame is sent right here, driving the server's send
+        coroutine by hand: daphne's never suspends, so output leaves in the same loop
+        iteration that read it (one wake-up fewer per keystroke than going via the pump).
+        """
         if not hasattr(self, "_out"):
+            return
+        if not self._out and not self._busy and not isinstance(item, tuple):
+            self._send_now(item)
             return
         if isinstance(item, bytes):
             if self._out and isinstance(self._out[-1], bytes):
@@ -81,27 +91,69 @@ class _OutboundConsumer(AsyncWebsocketConsumer):
                 self._out.append((_CLOSE, 1013))
         else:
             self._out.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
         waiter = self._out_wakeup
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @staticmethod
+    def _frame(item: Any) -> dict[str, Any]:
+        if isinstance(item, bytes):
+            return {"type": "websocket.send", "bytes": item}
+        return {"type": "websocket.send", "text": json.dumps(item)}
+
+    def _send_now(self, item: Any) -> None:
+        coro = self.base_send(self._frame(item))
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+        except Exception:  # noqa: BLE001 - a send to a closing socket; disconnect follows
+            logger.debug("direct send failed", exc_info=True)
+            return
+        # It suspended: finish it (as a Task would) before anything else is sent.
+        self._busy = True
+        self.spawn(self._resume(coro, yielded))
+
+    async def _resume(self, coro: Any, yielded: Any) -> None:
+        try:
+            while True:
+                if isinstance(yielded, asyncio.Future):
+                    yielded._asyncio_future_blocking = False
+                    await asyncio.wait([yielded])
+                else:
+                    await asyncio.sleep(0)
+                try:
+                    yielded = coro.send(None)
+                except StopIteration:
+                    return
+        finally:
+            self._busy = False
+            self._wake()
+
     async def _pump(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self._out:
+            if not self._out or self._busy:
                 self._out_wakeup = loop.create_future()
                 await self._out_wakeup
                 self._out_wakeup = None
                 continue
             item = self._out.popleft()
-            if isinstance(item, bytes):
-                self._out_bytes -= len(item)
-                await self.send(bytes_data=item)
-            elif isinstance(item, tuple) and item and item[0] is _CLOSE:
-                await self.close(code=item[1])
-                return
-            else:
-                await self.send(text_data=json.dumps(item))
+            self._busy = True
+            try:
+                if isinstance(item, bytes):
+                    self._out_bytes -= len(item)
+                    await self.base_send(self._frame(item))
+                elif isinstance(item, tuple) and item and item[0] is _CLOSE:
+                    await self.close(code=item[1])
+                    return
+                else:
+                    await self.base_send(self._frame(item))
+            finally:
+                self._busy = False
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)

@@ -32,6 +32,7 @@ from .providers.base import (
     FileEntry,
     ProcessInfo,
     ProviderError,
+    ProviderUnavailable,
     Resources,
     SandboxGone,
     SandboxProvider,
@@ -98,16 +99,22 @@ def _require_running(sandbox: Sandbox) -> None:
 
 
 def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
-    """Call the provider; a sandbox that vanished under us is marked error."""
+    """Call the provider; a sandbox that vanished under us is marked error. Provider
+    outages are counted for /metrics; user-caused errors (missing file...) are not."""
     try:
         return fn(*args, **kwargs)
-    except SandboxGone:
-        sandbox_transition(
-            sandbox,
-            SandboxState.ERROR,
-            error_message="The provider no longer has this sandbox.",
-            stopped_at=timezone.now(),
-        )
+    except (SandboxGone, ProviderUnavailable) as exc:
+        from playground.metrics import counter_inc
+
+        operation = getattr(fn, "__name__", "unknown")
+        counter_inc("provider_errors", provider=sandbox.provider, operation=operation)
+        if isinstance(exc, SandboxGone):
+            sandbox_transition(
+                sandbox,
+                SandboxState.ERROR,
+                error_message="The provider no longer has this sandbox.",
+                stopped_at=timezone.now(),
+            )
         raise
 
 

@@ -1121,39 +1121,40 @@ class DockerProvider:
         deadline = time.monotonic() + timeout_s
         pending = memoryview(stdin) if stdin is not None else None
         try:
-            sock.setblocking(False)
-            if pending is not None and not pending:
-                sock.shutdown(socket.SHUT_WR)
-                pending = None
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return frames, True, exec_id
-                writers = [sock] if pending is not None else []
-                readable, writable, _ = select.select([sock], writers, [], remaining)
-                if writable and pending is not None:
-                    try:
-                        pending = pending[sock.send(pending[:262144]) :]
-                    except BlockingIOError:
-                        pass
-                    except (BrokenPipeError, ConnectionResetError):
-                        pending = memoryview(b"")
-                    if not pending:
-                        pending = None
+            with _translate(cid):
+                sock.setblocking(False)
+                if pending is not None and not pending:
+                    sock.shutdown(socket.SHUT_WR)
+                    pending = None
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return frames, True, exec_id
+                    writers = [sock] if pending is not None else []
+                    readable, writable, _ = select.select([sock], writers, [], remaining)
+                    if writable and pending is not None:
                         try:
-                            sock.shutdown(socket.SHUT_WR)
-                        except OSError:
+                            pending = pending[sock.send(pending[:262144]) :]
+                        except BlockingIOError:
                             pass
-                if readable:
-                    try:
-                        chunk = sock.recv(262144)
-                    except BlockingIOError:
-                        continue
-                    except ConnectionResetError:
-                        chunk = b""
-                    if not chunk:
-                        return frames, False, exec_id
-                    frames.collect(chunk)
+                        except (BrokenPipeError, ConnectionResetError):
+                            pending = memoryview(b"")
+                        if not pending:
+                            pending = None
+                            try:
+                                sock.shutdown(socket.SHUT_WR)
+                            except OSError:
+                                pass
+                    if readable:
+                        try:
+                            chunk = sock.recv(262144)
+                        except BlockingIOError:
+                            continue
+                        except ConnectionResetError:
+                            chunk = b""
+                        if not chunk:
+                            return frames, False, exec_id
+                        frames.collect(chunk)
         finally:
             sock.close()
             stream.close()

@@ -22,7 +22,7 @@ async function loadUsage() {
   const used = u.included_executions ? u.executions / u.included_executions : 0;
   const quota = $("quota");
   quota.className = `quota${used >= 1 ? " over" : used >= 0.8 ? " warn" : ""}`;
-  quota.firstElementChild.style.width = `${Math.min(100, used * 100).toFixed(1)}%`;
+  quota.firstElementChild.style.width = used > 0 ? `max(3px, ${Math.min(100, used * 100).toFixed(1)}%)` : "0";
   quota.setAttribute("aria-valuenow", Math.round(used * 100));
   $("quota-text").textContent = `${num(u.executions)} of ${num(u.included_executions)} included executions used (${num(u.remaining_included_executions)} left)${
     u.plan === "free" && used >= 1 ? " — the free allowance is used up; upgrade to keep running code." : ""

@@ -23,10 +23,12 @@ export function barChart(points, { height = 180, width = 720, label = "Chart", u
     "aria-label": `${label}: ${total} ${unit} in total over ${points.length} buckets, peak ${max}`,
   });
   root.append(svg("line", { class: "axis", x1: pad.left, x2: width - pad.right, y1: pad.top + innerH, y2: pad.top + innerH }));
-  for (const tick of [0, 0.5, 1]) {
-    const y = pad.top + innerH - innerH * tick;
+  // Whole-number gridlines only: 0, max, and the middle when it is a whole number.
+  const ticks = [...new Set([0, max % 2 === 0 ? max / 2 : null, max].filter((t) => t !== null))];
+  for (const tick of ticks) {
+    const y = pad.top + innerH - innerH * (tick / max);
     root.append(svg("line", { class: "axis", x1: pad.left, x2: width - pad.right, y1: y, y2: y, "stroke-dasharray": tick ? "2 3" : "" }));
-    root.append(svg("text", { x: pad.left - 4, y: y + 3, "text-anchor": "end" }, Math.round(max * tick)));
+    root.append(svg("text", { x: pad.left - 4, y: y + 3, "text-anchor": "end" }, tick));
   }
   const labelEvery = Math.ceil(points.length / 12);
   points.forEach((p, i) => {

@@ -14,6 +14,8 @@ export function languageForPath(path) {
   return null;
 }
 
+const darkScheme = window.matchMedia("(prefers-color-scheme: dark)");
+
 const MODE_BY_EXT = { json: { name: "javascript", json: true }, ts: "javascript", md: null, txt: null };
 
 export class Editor {
@@ -27,12 +29,11 @@ export class Editor {
       value: localStorage.getItem(`sandpit:scratch:${sandboxId}`) || LANGUAGES.python.sample,
       mode: "python",
       lineNumbers: true,
+      theme: darkScheme.matches ? "material-darker" : "default",
       indentUnit: 4,
       matchBrackets: true,
       autoCloseBrackets: true,
       extraKeys: {
-        "Ctrl-S": () => this.save(),
-        "Cmd-S": () => this.save(),
         "Ctrl-Enter": () => this.onRun && this.onRun(),
         "Cmd-Enter": () => this.onRun && this.onRun(),
         Tab: (cm) => (cm.somethingSelected() ? cm.indentSelection("add") : cm.replaceSelection(" ".repeat(cm.getOption("indentUnit")))),
@@ -45,9 +46,12 @@ export class Editor {
       if (!this.path) localStorage.setItem(`sandpit:scratch:${sandboxId}`, this.cm.getValue());
       this.setDirty(Boolean(this.path));
     });
+    darkScheme.addEventListener("change", () => this.cm.setOption("theme", darkScheme.matches ? "material-darker" : "default"));
+    // Keep CodeMirror's measurements right as the pane resizes.
+    new ResizeObserver(() => this.cm.refresh()).observe(host);
     languageSelect.addEventListener("change", () => this.setLanguage(languageSelect.value, { fromPicker: true }));
     saveButton.addEventListener("click", () => this.save());
-    // Ctrl/Cmd-S anywhere on the page saves the open file rather than the web page.
+    // Ctrl/Cmd-S anywhere on the page (the editor included) saves the open file.
     document.addEventListener("keydown", (ev) => {
       if ((ev.ctrlKey || ev.metaKey) && ev.key.toLowerCase() === "s") {
         ev.preventDefault();

@@ -68,6 +68,15 @@ function setState(next, reason) {
     const text = next === "error" ? `This sandbox failed${why}.` : `This sandbox was ${next}${why}. Its terminals, processes and files are no longer available.`;
     $("gone").replaceChildren(h("div.gone-banner", { role: "alert" }, text, h("a", { href: "/" }, "Back to sandboxes")));
     terminals.stopAll(`sandbox ${next}`);
+    ports.clear();
+    renderPorts();
+    const dot = $("live-dot");
+    dot.className = "pill";
+    dot.textContent = "ended";
+    dot.title = "The sandbox is no longer running";
+    for (const id of ["cpu-text", "mem-text", "proc-text", "uptime-text"]) $(id).textContent = "—";
+    $("cpu-meter").value = 0;
+    $("mem-meter").value = 0;
     for (const b of document.querySelectorAll(".needs-live")) b.disabled = true;
     clearInterval(statsTimer);
   }
@@ -201,7 +210,7 @@ function connectEvents() {
         break;
       case "error":
         if (msg.code === "free_allowance_exhausted" || msg.code === "premium_required" || msg.status === 402) {
-          $("explorer-error").replaceChildren(h("div.alert.warn", { role: "status" }, `Live file updates are off: ${msg.message}`));
+          $("explorer-notice").replaceChildren(h("div.alert.warn.small", { role: "status", title: msg.message }, "Live file updates need the premium plan; use ⟳ to refresh."));
         } else toast(`Events: ${msg.message || msg.code}`, { error: true });
         break;
       default:
@@ -209,6 +218,7 @@ function connectEvents() {
     }
   };
   ws.onclose = (ev) => {
+    if (gone) return;
     dot.className = "pill warn";
     dot.textContent = "offline";
     dot.title = "Live events disconnected; reconnecting";
@@ -216,7 +226,6 @@ function connectEvents() {
       checkState();
       return;
     }
-    if (gone) return;
     const delay = Math.min(15000, 1000 * 2 ** eventsRetry++);
     setTimeout(() => {
       checkState().then(connectEvents);
@@ -249,7 +258,7 @@ if (["running", "creating"].includes(state)) {
       renderPorts();
     })
     .catch((err) => {
-      if (err.status === 402) $("ports").replaceChildren(h("span.muted.small", { title: err.message }, "Port previews need the premium plan"));
+      if (err.status === 402) $("ports").replaceChildren(h("span.muted.small", { title: err.message }, "Port previews: premium plan"));
     });
 } else {
   gone = false;

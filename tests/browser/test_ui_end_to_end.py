@@ -133,6 +133,9 @@ def test_run_code_files_upload_download(page, org_owner, artifacts_dir, tmp_path
     node = page.locator('#tree [data-path="dropped.txt"]')
     node.wait_for()
     page.screenshot(path=str(artifacts_dir / "playground.png"))
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(artifacts_dir / "playground-dark.png"))
+    page.emulate_media(color_scheme="light")
 
     # Download it back.
     node.click()

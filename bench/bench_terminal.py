@@ -1,0 +1,458 @@
+"""Terminal benchmarks: keystroke echo latency, output throughput, idle terminals.
+
+Compares, in one run on this machine:
+  * a raw local PTY (pty.fork + write/read) - the floor;
+  * Sandpit: WebSocket -> daphne -> TerminalConsumer -> provider PTY (local, and docker with
+    --docker), the path a browser uses;
+  * Jupyter Server's terminals (terminado's JSON ["stdin", ...] protocol over its WebSocket).
+
+Run:  .venv/bin/python bench/bench_terminal.py [--rounds 500] [--mb 50] [--idle 100] [--docker]
+It uses a throwaway SQLite database and var directory (no Redis: in-memory channel layer),
+starts daphne and jupyter_server on free loopback ports and stops them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pty
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import websockets
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ECHO_CMD = "stty -echoctl; cat > /dev/null\r"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+    return {
+        "p50_ms": round(statistics.median(ordered), 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+    }
+
+
+# --- raw PTY floor ------------------------------------------------------------------------------
+
+
+def raw_pty_echo(rounds: int) -> dict[str, float]:
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvp("cat", ["cat"])
+    time.sleep(0.2)
+    samples = []
+    for i in range(rounds + 20):
+        start = time.perf_counter()
+        os.write(fd, b"x")
+        got = b""
+        while b"x" not in got:
+            got += os.read(fd, 1024)
+        if i >= 20:
+            samples.append((time.perf_counter() - start) * 1000)
+        if i % 200 == 199:
+            os.write(fd, b"\n")
+            time.sleep(0.01)
+            os.read(fd, 65536)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    os.close(fd)
+    return percentiles(samples)
+
+
+def raw_pty_throughput(total: int) -> float:
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvp("sh", ["sh", "-c", f"yes | head -c {total}"])
+    received = 0
+    start = time.perf_counter()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        received += len(data)
+    elapsed = time.perf_counter() - start
+    os.waitpid(pid, 0)
+    os.close(fd)
+    return received / elapsed / 1e6
+
+
+# --- Sandpit through daphne --------------------------------------------------------------------
+
+
+class Sandpit:
+    def __init__(self, workdir: Path, providers: str) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+            "DJANGO_SETTINGS_MODULE": "playground.settings",
+            "SANDPIT_VAR_DIR": str(workdir),
+            "SANDPIT_SQLITE_PATH": str(workdir / "db.sqlite3"),
+            "SANDPIT_LOCAL_ROOT": str(workdir / "sandboxes"),
+            "SANDPIT_PROVIDERS": providers,
+            "SANDPIT_DEFAULT_PROVIDER": "local",
+            "SANDPIT_MAX_TERMINALS_PER_SANDBOX": "20",
+            "SANDPIT_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.key = ""
+
+    def setup(self) -> None:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=self.env, check=True
+        )
+        script = (
+            "from accounts.models import Organization, User, Membership;"
+            "from accounts.services import api_key_create;"
+            "u = User.objects.create_user(email='bench@example.com', password='x');"
+            "o = Organization.objects.create(name='Bench', slug='bench', plan='premium',"
+            " max_concurrent_sandboxes=50);"
+            "Membership.objects.create(user=u, organization=o, role='owner');"
+            "print(api_key_create(organization=o, name='bench', created_by=u).secret)"
+        )
+        out = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", script],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        self.key = out.stdout.strip().splitlines()[-1]
+        self.log = open(self.workdir / "daphne.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.base}/health/live", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.http = httpx.Client(
+            base_url=self.base, headers={"Authorization": f"Bearer {self.key}"}, timeout=60
+        )
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sandbox(self, provider: str = "local") -> str:
+        response = self.http.post("/api/v1/sandboxes", json={"provider": provider})
+        response.raise_for_status()
+        return response.json()["id"]
+
+    def terminal(self, sandbox_id: str) -> str:
+        response = self.http.post(f"/api/v1/sandboxes/{sandbox_id}/terminals", json={})
+        response.raise_for_status()
+        return response.json()["ws_path"]
+
+    async def connect(self, path: str) -> websockets.ClientConnection:
+        return await websockets.connect(
+            f"ws://127.0.0.1:{self.port}{path}",
+            origin=self.base,  # type: ignore[arg-type]
+            additional_headers={"Authorization": f"Bearer {self.key}"},
+            max_size=None,
+            compression=None,
+        )
+
+    def rss_kb(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+async def _drain_until(ws: websockets.ClientConnection, marker: bytes, timeout: float = 10) -> bytes:
+    data = b""
+    deadline = time.monotonic() + timeout
+    while marker not in data:
+        frame = await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
+        if isinstance(frame, bytes):
+            data += frame
+    return data
+
+
+async def sandpit_echo(sp: Sandpit, path: str, rounds: int) -> dict[str, float]:
+    ws = await sp.connect(path)
+    await _drain_until(ws, b"$ ")
+    await ws.send(b"stty -echoctl; cat > /dev/null; echo READY-$((1+1))\r")
+    await _drain_until(ws, b"stty")
+    await asyncio.sleep(0.3)
+    samples = []
+    for i in range(rounds + 20):
+        start = time.perf_counter()
+        await ws.send(b"x")
+        got = b""
+        while b"x" not in got:
+            frame = await ws.recv()
+            if isinstance(frame, bytes):
+                got += frame
+        if i >= 20:
+            samples.append((time.perf_counter() - start) * 1000)
+        if i % 200 == 199:
+            await ws.send(b"\r")
+            await asyncio.sleep(0.01)
+            await _drain_until(ws, b"\n")
+    await ws.send(b"\x03")
+    await ws.close()
+    return percentiles(samples)
+
+
+async def sandpit_throughput(sp: Sandpit, path: str, total: int) -> float:
+    ws = await sp.connect(path)
+    await _drain_until(ws, b"$ ")
+    await ws.send(f"yes | head -c {total}; echo; echo END-$((2+3))\r".encode())
+    await _drain_until(ws, b"\n")  # the echoed command line
+    received = 0
+    start = time.perf_counter()
+    tail = b""
+    while b"END-5" not in tail:
+        frame = await ws.recv()
+        if isinstance(frame, bytes):
+            received += len(frame)
+            tail = (tail + frame)[-64:]
+    elapsed = time.perf_counter() - start
+    await ws.close()
+    return received / elapsed / 1e6
+
+
+async def sandpit_idle(sp: Sandpit, count: int, provider: str) -> dict[str, float]:
+    before = sp.rss_kb()
+    sockets = []
+    errors = 0
+    per_sandbox = 10
+    for _ in range(0, count, per_sandbox):
+        sandbox_id = sp.sandbox(provider)
+        for _ in range(per_sandbox):
+            try:
+                ws = await sp.connect(sp.terminal(sandbox_id))
+                sockets.append(ws)
+            except Exception:  # noqa: BLE001 - counted
+                errors += 1
+    await asyncio.sleep(2)
+    for ws in sockets:
+        try:
+            await _drain_until(ws, b"$ ", timeout=10)
+            await ws.send(b"echo ok\r")
+            await _drain_until(ws, b"ok", timeout=10)
+        except Exception:  # noqa: BLE001 - counted
+            errors += 1
+    after = sp.rss_kb()
+    listed = sum(
+        len(sp.http.get(f"/api/v1/sandboxes/{s['id']}/terminals").json()["results"])
+        for s in sp.http.get("/api/v1/sandboxes").json()["results"]
+    )
+    for ws in sockets:
+        await ws.close()
+    return {
+        "terminals": len(sockets),
+        "listed": listed,
+        "errors": errors,
+        "daphne_rss_before_mb": round(before / 1024, 1),
+        "daphne_rss_after_mb": round(after / 1024, 1),
+        "daphne_rss_per_terminal_kb": round((after - before) / max(1, len(sockets)), 1),
+    }
+
+
+# --- Jupyter Server terminals ------------------------------------------------------------------
+
+
+class Jupyter:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.workdir = workdir
+
+    def start(self) -> None:
+        self.log = open(self.workdir / "jupyter.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "jupyter-server"),
+                "--no-browser",
+                f"--port={self.port}",
+                "--ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={self.workdir}",
+                "--ServerApp.allow_root=True",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("jupyter_server did not start")
+
+    def terminal(self) -> str:
+        response = httpx.post(
+            f"http://127.0.0.1:{self.port}/api/terminals",
+            headers={"Authorization": f"token {self.token}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()["name"]
+
+    async def connect(self, name: str) -> websockets.ClientConnection:
+        return await websockets.connect(
+            f"ws://127.0.0.1:{self.port}/terminals/websocket/{name}?token={self.token}",
+            max_size=None,
+            compression=None,
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+async def _jdrain(ws: websockets.ClientConnection, marker: str, timeout: float = 10) -> str:
+    data = ""
+    deadline = time.monotonic() + timeout
+    while marker not in data:
+        message = json.loads(await asyncio.wait_for(ws.recv(), deadline - time.monotonic()))
+        if message[0] == "stdout":
+            data += message[1]
+    return data
+
+
+async def jupyter_echo(jp: Jupyter, rounds: int) -> dict[str, float]:
+    ws = await jp.connect(jp.terminal())
+    await ws.send(json.dumps(["stdin", "echo JREADY-$((1+1))\r"]))
+    await _jdrain(ws, "JREADY-2")
+    await ws.send(json.dumps(["stdin", "stty -echoctl; cat > /dev/null\r"]))
+    await _jdrain(ws, "stty")
+    await asyncio.sleep(0.3)
+    samples = []
+    for i in range(rounds + 20):
+        start = time.perf_counter()
+        await ws.send(json.dumps(["stdin", "x"]))
+        got = ""
+        while "x" not in got:
+            message = json.loads(await ws.recv())
+            if message[0] == "stdout":
+                got += message[1]
+        if i >= 20:
+            samples.append((time.perf_counter() - start) * 1000)
+        if i % 200 == 199:
+            await ws.send(json.dumps(["stdin", "\r"]))
+            await asyncio.sleep(0.01)
+            await _jdrain(ws, "\n")
+    await ws.close()
+    return percentiles(samples)
+
+
+async def jupyter_throughput(jp: Jupyter, total: int) -> float:
+    ws = await jp.connect(jp.terminal())
+    await ws.send(json.dumps(["stdin", "echo JREADY-$((1+1))\r"]))
+    await _jdrain(ws, "JREADY-2")
+    await ws.send(json.dumps(["stdin", f"yes | head -c {total}; echo; echo END-$((2+3))\r"]))
+    await _jdrain(ws, "\n")
+    received = 0
+    tail = ""
+    start = time.perf_counter()
+    while "END-5" not in tail:
+        message = json.loads(await ws.recv())
+        if message[0] == "stdout":
+            received += len(message[1].encode())
+            tail = (tail + message[1])[-64:]
+    elapsed = time.perf_counter() - start
+    await ws.close()
+    return received / elapsed / 1e6
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    total = args.mb * 1_000_000
+    results: dict[str, object] = {}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-terminal-"))
+    providers = "local,docker" if args.docker else "local"
+    sp = Sandpit(workdir, providers)
+    jp = Jupyter(workdir)
+    try:
+        print("raw PTY ...", flush=True)
+        results["raw_pty_echo"] = raw_pty_echo(args.rounds)
+        results["raw_pty_mb_s"] = round(raw_pty_throughput(total), 1)
+        print("sandpit (daphne, local provider) ...", flush=True)
+        sp.setup()
+        sandbox_id = sp.sandbox()
+        results["sandpit_local_echo"] = await sandpit_echo(sp, sp.terminal(sandbox_id), args.rounds)
+        results["sandpit_local_mb_s"] = round(await sandpit_throughput(sp, sp.terminal(sandbox_id), total), 1)
+        if args.docker:
+            print("sandpit (daphne, docker provider) ...", flush=True)
+            docker_id = sp.sandbox("docker")
+            results["sandpit_docker_echo"] = await sandpit_echo(sp, sp.terminal(docker_id), args.rounds)
+            results["sandpit_docker_mb_s"] = round(
+                await sandpit_throughput(sp, sp.terminal(docker_id), total), 1
+            )
+            sp.http.delete(f"/api/v1/sandboxes/{docker_id}")
+        sp.http.delete(f"/api/v1/sandboxes/{sandbox_id}")
+        print("jupyter_server terminals ...", flush=True)
+        jp.start()
+        results["jupyter_echo"] = await jupyter_echo(jp, args.rounds)
+        results["jupyter_mb_s"] = round(await jupyter_throughput(jp, total), 1)
+        jp.stop()
+        print(f"{args.idle} idle terminals ...", flush=True)
+        results["idle"] = await sandpit_idle(sp, args.idle, "local")
+        results["throughput_ratio_vs_raw"] = round(
+            results["sandpit_local_mb_s"] / results["raw_pty_mb_s"], 2  # type: ignore[operator]
+        )
+    finally:
+        for handle in sp.http.get("/api/v1/sandboxes").json().get("results", []) if sp.key else []:
+            sp.http.delete(f"/api/v1/sandboxes/{handle['id']}")
+        sp.stop()
+        try:
+            jp.stop()
+        except Exception:  # noqa: BLE001, S110 - already stopped
+            pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--mb", type=int, default=50)
+    parser.add_argument("--idle", type=int, default=100)
+    parser.add_argument("--docker", action="store_true")
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))
