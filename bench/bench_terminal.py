@@ -144,7 +144,14 @@ class Sandpit:
         self.key = out.stdout.strip().splitlines()[-1]
         self.log = open(self.workdir / "daphne.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"],
+            [
+                str(BIN / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "playground.asgi:application",
+            ],
             cwd=ROOT,
             env=self.env,
             stdout=self.log,
@@ -197,9 +204,11 @@ class Sandpit:
             self.proc.wait(10)
 
 
-async def _drain_until(ws: websockets.ClientConnection, marker: bytes, timeout: float = 10) -> bytes:
+async def _drain_until(
+    ws: websockets.ClientConnection, marker: bytes, limit_s: float = 10
+) -> bytes:
     data = b""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     while marker not in data:
         frame = await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
         if isinstance(frame, bytes):
@@ -267,9 +276,9 @@ async def sandpit_idle(sp: Sandpit, count: int, provider: str) -> dict[str, floa
     await asyncio.sleep(2)
     for ws in sockets:
         try:
-            await _drain_until(ws, b"$ ", timeout=10)
+            await _drain_until(ws, b"$ ", limit_s=10)
             await ws.send(b"echo ok\r")
-            await _drain_until(ws, b"ok", timeout=10)
+            await _drain_until(ws, b"ok", limit_s=10)
         except Exception:  # noqa: BLE001 - counted
             errors += 1
     after = sp.rss_kb()
@@ -316,7 +325,12 @@ class Jupyter:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=1).status_code == 200:
+                if (
+                    httpx.get(
+                        f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=1
+                    ).status_code
+                    == 200
+                ):
                     return
             except httpx.HTTPError:
                 pass
@@ -344,9 +358,9 @@ class Jupyter:
         self.proc.wait(10)
 
 
-async def _jdrain(ws: websockets.ClientConnection, marker: str, timeout: float = 10) -> str:
+async def _jdrain(ws: websockets.ClientConnection, marker: str, limit_s: float = 10) -> str:
     data = ""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     while marker not in data:
         message = json.loads(await asyncio.wait_for(ws.recv(), deadline - time.monotonic()))
         if message[0] == "stdout":
@@ -417,11 +431,15 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         sp.setup()
         sandbox_id = sp.sandbox()
         results["sandpit_local_echo"] = await sandpit_echo(sp, sp.terminal(sandbox_id), args.rounds)
-        results["sandpit_local_mb_s"] = round(await sandpit_throughput(sp, sp.terminal(sandbox_id), total), 1)
+        results["sandpit_local_mb_s"] = round(
+            await sandpit_throughput(sp, sp.terminal(sandbox_id), total), 1
+        )
         if args.docker:
             print("sandpit (daphne, docker provider) ...", flush=True)
             docker_id = sp.sandbox("docker")
-            results["sandpit_docker_echo"] = await sandpit_echo(sp, sp.terminal(docker_id), args.rounds)
+            results["sandpit_docker_echo"] = await sandpit_echo(
+                sp, sp.terminal(docker_id), args.rounds
+            )
             results["sandpit_docker_mb_s"] = round(
                 await sandpit_throughput(sp, sp.terminal(docker_id), total), 1
             )
@@ -435,7 +453,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         print(f"{args.idle} idle terminals ...", flush=True)
         results["idle"] = await sandpit_idle(sp, args.idle, "local")
         results["throughput_ratio_vs_raw"] = round(
-            results["sandpit_local_mb_s"] / results["raw_pty_mb_s"], 2  # type: ignore[operator]
+            results["sandpit_local_mb_s"] / results["raw_pty_mb_s"],
+            2,  # type: ignore[operator]
         )
     finally:
         for handle in sp.http.get("/api/v1/sandboxes").json().get("results", []) if sp.key else []:

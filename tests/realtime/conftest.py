@@ -52,8 +52,14 @@ class Server:
     def origin(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def ws(self, path: str, *, key: str | None = None, origin: str | None = None,
-           headers: dict[str, str] | None = None) -> ClientConnection:
+    def ws(
+        self,
+        path: str,
+        *,
+        key: str | None = None,
+        origin: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> ClientConnection:
         extra = dict(headers or {})
         if key:
             extra["Authorization"] = f"Bearer {key}"
@@ -186,7 +192,9 @@ class TerminalOutput:
         while not regex.search(self.data):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"timed out waiting for {pattern!r}; got {self.data[-2000:]!r}")
+                raise AssertionError(
+                    f"timed out waiting for {pattern!r}; got {self.data[-2000:]!r}"
+                )
             try:
                 frame = self.ws.recv(timeout=remaining)
             except TimeoutError:

@@ -17,7 +17,9 @@ def test_file_watcher_port_signals_and_preview(server, rt_api_a, key_a, sbx_a): 
     ready = recv_json(events, "ready")
     assert {"status", "ports", "files"} <= set(ready["signals"])
     events.send(
-        json.dumps({"type": "watch", "id": "explorer", "path": ".", "ignore": ["*.tmp"], "debounce_ms": 50})
+        json.dumps(
+            {"type": "watch", "id": "explorer", "path": ".", "ignore": ["*.tmp"], "debounce_ms": 50}
+        )
     )
     assert recv_json(events, "watching")["id"] == "explorer"
 
@@ -46,7 +48,9 @@ def test_file_watcher_port_signals_and_preview(server, rt_api_a, key_a, sbx_a): 
     moved = rt_api_a.get(opened["url"] + "docs", follow_redirects=False)
     assert moved.status_code == 301 and moved.headers["location"] == opened["url"] + "docs/"
     # ...with ?token= (which becomes a cookie for this path, so subresources work)...
-    token = rt_api_a.post(f"/api/v1/sandboxes/{sbx_a}/tokens", json={"scopes": ["ports"]}).json()["token"]
+    token = rt_api_a.post(f"/api/v1/sandboxes/{sbx_a}/tokens", json={"scopes": ["ports"]}).json()[
+        "token"
+    ]
     browser = httpx.Client(base_url=server.http, timeout=10)
     first = browser.get(f"{opened['url']}?token={token}")
     assert first.status_code == 200 and "Directory listing" in first.text

@@ -41,7 +41,9 @@ def _alg_none(token: str) -> str:
     return header.decode().rstrip("=") + "." + payload + "."
 
 
-def test_sandbox_token_is_checked_for_sandbox_scope_expiry_and_signature(server, rt_api_a, sbx_a, org_a):  # type: ignore[no-untyped-def]
+def test_sandbox_token_is_checked_for_sandbox_scope_expiry_and_signature(
+    server, rt_api_a, sbx_a, org_a
+):  # type: ignore[no-untyped-def]
     other = create_sandbox(rt_api_a)
     terminal_b = open_terminal(rt_api_a, other)
     terminal_a = open_terminal(rt_api_a, sbx_a)
@@ -76,7 +78,11 @@ def test_other_organization_gets_404_and_4404(server, rt_api_a, rt_api_b, key_b,
     assert (
         rt_api_b.delete(f"/api/v1/sandboxes/{sbx_a}/terminals/{terminal['id']}").status_code == 404
     )
-    for path in (terminal["ws_path"], f"/ws/sandboxes/{sbx_a}/events", f"/ws/sandboxes/{sbx_a}/exec"):
+    for path in (
+        terminal["ws_path"],
+        f"/ws/sandboxes/{sbx_a}/events",
+        f"/ws/sandboxes/{sbx_a}/exec",
+    ):
         with server.ws(path, key=key_b) as ws:
             assert _close_code(ws) == 4404, path
 
@@ -130,7 +136,11 @@ def test_browser_session_opens_the_events_socket(server, rt_api_a, sbx_a, alice,
         assert ready["sandbox"] == sbx_a and "files" in ready["signals"]
     # The same session from another site's page is refused by the Origin check.
     with pytest.raises(InvalidStatus):
-        server.ws(f"/ws/sandboxes/{sbx_a}/events", headers={"Cookie": cookie}, origin="http://evil.example")
+        server.ws(
+            f"/ws/sandboxes/{sbx_a}/events",
+            headers={"Cookie": cookie},
+            origin="http://evil.example",
+        )
 
 
 @pytest.fixture

@@ -51,7 +51,8 @@ def test_resize_over_the_socket_and_rest_changes_stty_size(server, rt_api_a, key
     term.send("stty size\r")
     term.read_until(r"43 132\r\n")
     response = rt_api_a.post(
-        f"/api/v1/sandboxes/{sbx_a}/terminals/{terminal['id']}/resize", json={"cols": 90, "rows": 30}
+        f"/api/v1/sandboxes/{sbx_a}/terminals/{terminal['id']}/resize",
+        json={"cols": 90, "rows": 30},
     )
     assert response.status_code == 200, response.text
     assert (response.json()["cols"], response.json()["rows"]) == (90, 30)
@@ -82,7 +83,9 @@ def test_output_bytes_reach_the_client_unaltered(server, rt_api_a, key_a, sbx_a)
     term = _attach(server, key_a, open_terminal(rt_api_a, sbx_a))
     term.read_until(r"\$ ")
     # 200 KB of 3-byte characters: PTY reads split them, the frames must carry raw bytes.
-    term.send("python3 -c \"import sys; sys.stdout.buffer.write('€'.encode()*70000 + b'|E' + b'ND|')\"\r")
+    term.send(
+        "python3 -c \"import sys; sys.stdout.buffer.write('€'.encode()*70000 + b'|E' + b'ND|')\"\r"
+    )
     data = term.read_until(r"\|END\|", timeout=20)
     text = data.decode("utf-8")  # strict: any re-encoding damage would raise
     assert text.count("€") >= 70000
@@ -111,9 +114,10 @@ def test_shell_exit_sends_exit_code(server, rt_api_a, key_a, sbx_a):  # type: ig
 
 
 def test_each_enter_counts_one_execution(server, rt_api_a, key_a, sbx_a, org_a, settings):  # type: ignore[no-untyped-def]
+    from django.utils import timezone
+
     from billing.metering import get_meter
     from billing.pricing import period_start
-    from django.utils import timezone
 
     settings.SANDPIT_INSTALLATION = "pytest-realtime"  # the daphne's meter keys
 
