@@ -13,6 +13,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,31 +26,25 @@ IMAGE = "sandpit-sandbox:latest"
 CMD = ["python3", "-c", "pass"]
 
 
-def timed(fn, runs: int) -> list[float]:
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000.0)
-    return out
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return (time.perf_counter() - started) * 1000.0
 
 
 def report(name: str, samples: list[float]) -> None:
     s = sorted(samples)
     p95 = s[min(len(s) - 1, round(0.95 * (len(s) - 1)))]
-    print(f"{name:<44} p50 {statistics.median(s):7.1f} ms   p95 {p95:7.1f} ms   (n={len(s)})")
+    print(f"{name:<40} p50 {statistics.median(s):7.1f} ms   p95 {p95:7.1f} ms   (n={len(s)})")
 
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     provider = DockerProvider(image=IMAGE, installation="bench")
     subprocess.run(["docker", "run", "--rm", IMAGE, "true"], check=True)  # warm caches
+    samples: dict[str, list[float]] = defaultdict(list)
 
-    report(
-        "docker run --rm IMAGE python3 -c pass",
-        timed(lambda: subprocess.run(["docker", "run", "--rm", IMAGE, *CMD], check=True), runs),
-    )
-
+    # Pairs are interleaved so both sides see the same machine load.
     ids: list[str] = []
 
     def create_and_exec() -> None:
@@ -57,12 +53,17 @@ def main() -> None:
         result = provider.exec(handle.provider_id, ExecRequest(command=CMD[0], args=CMD[1:]))
         assert result.exit_code == 0, result
 
-    report("provider create + first exec", timed(create_and_exec, runs))
-    destroy = timed(lambda: provider.destroy(ids.pop()), len(ids))
+    for _ in range(runs):
+        samples["docker run --rm IMAGE python3 -c pass"].append(
+            timed(lambda: subprocess.run(["docker", "run", "--rm", IMAGE, *CMD], check=True))
+        )
+        samples["provider create + first exec (same)"].append(timed(create_and_exec))
+    for provider_id in ids:
+        samples["provider destroy"].append(timed(lambda: provider.destroy(provider_id)))
 
     handle = provider.create(SandboxSpec(sandbox_id="bench-exec"))
-    # The provider's own docker-py APIClient, used raw: exec_create + exec_start + exec_inspect
-    # is what docker-py's Container.exec_run does (bench code may reach inside; nothing else may).
+    # The provider's own docker-py APIClient, used raw: exec_create + exec_start +
+    # exec_inspect is what Container.exec_run does (bench code may reach inside).
     api = provider._api()
 
     def sdk_exec(cmd: list[str]) -> None:
@@ -70,31 +71,24 @@ def main() -> None:
         api.exec_start(exec_id)
         assert api.exec_inspect(exec_id)["ExitCode"] == 0
 
-    report("raw SDK exec python3 -c pass", timed(lambda: sdk_exec(CMD), runs))
-    report(
-        "provider exec python3 -c pass",
-        timed(
-            lambda: provider.exec(handle.provider_id, ExecRequest(command=CMD[0], args=CMD[1:])),
-            runs,
-        ),
-    )
-    report("raw SDK exec true", timed(lambda: sdk_exec(["true"]), runs))
-    report(
-        "provider exec true",
-        timed(
-            lambda: provider.exec(handle.provider_id, ExecRequest(command="true", args=[])), runs
-        ),
-    )
-    report(
-        "provider write_file 1 KiB",
-        timed(lambda: provider.write_file(handle.provider_id, "b.txt", b"x" * 1024), runs),
-    )
-    report(
-        "provider read_file 1 KiB",
-        timed(lambda: provider.read_file(handle.provider_id, "b.txt"), runs),
-    )
+    def provider_exec(cmd: list[str]) -> None:
+        result = provider.exec(handle.provider_id, ExecRequest(command=cmd[0], args=cmd[1:]))
+        assert result.exit_code == 0, result
+
+    for _ in range(runs):
+        samples["raw SDK exec python3 -c pass"].append(timed(lambda: sdk_exec(CMD)))
+        samples["provider exec python3 -c pass"].append(timed(lambda: provider_exec(CMD)))
+        samples["raw SDK exec true"].append(timed(lambda: sdk_exec(["true"])))
+        samples["provider exec true"].append(timed(lambda: provider_exec(["true"])))
+        samples["provider write_file 1 KiB"].append(
+            timed(lambda: provider.write_file(handle.provider_id, "b.txt", b"x" * 1024))
+        )
+        samples["provider read_file 1 KiB"].append(
+            timed(lambda: provider.read_file(handle.provider_id, "b.txt"))
+        )
     provider.destroy(handle.provider_id)
-    report("provider destroy", destroy)
+    for name, values in samples.items():
+        report(name, values)
 
 
 if __name__ == "__main__":

@@ -97,10 +97,13 @@ class Meter(Protocol):
 # --- Redis backend ---------------------------------------------------------------------
 
 # KEYS: dedupe key, stream, period counter, epoch.  ARGV: dedupe TTL, event id, org id,
-# api key id, operation, occurred_at (µs since 1970), counter TTL.
+# api key id, operation, occurred_at (µs since 1970), counter TTL.  The epoch is kept at the
+# earliest occurred_at this Redis dataset has counted, so no event in a counter is older
+# than it (threads racing on the first event may reach Redis out of timestamp order).
 _RECORD_LUA = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) == false then return 0 end
-redis.call('SET', KEYS[4], ARGV[6], 'NX')
+local epoch = redis.call('GET', KEYS[4])
+if (not epoch) or tonumber(ARGV[6]) < tonumber(epoch) then redis.call('SET', KEYS[4], ARGV[6]) end
 redis.call('XADD', KEYS[2], '*', 'e', ARGV[2], 'o', ARGV[3], 'k', ARGV[4], 'op', ARGV[5], 't', ARGV[6])
 redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[7])
@@ -179,8 +182,8 @@ class RedisMeter:
         pipe.execute()
 
     def period_state(self, organization_id: int, start: date, now: datetime) -> PeriodState:
-        """The period counter is exact when this Redis dataset began (its epoch, set by the
-        first metering call it saw) before the period did. Otherwise (Redis was emptied, or
+        """The period counter is exact when this Redis dataset began (its epoch: the earliest
+        execution it counted, or the first authorize) before the period did. Otherwise (Redis was emptied, or
         metering began, mid-period) it is seeded once with the ledger's executions of the
         period from before the epoch; later ones are in the counter already."""
         counter, seeded = (

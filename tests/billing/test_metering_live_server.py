@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +41,7 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
         pytest.skip("needs PostgreSQL and REDIS_URL")
     db = connection.settings_dict
     port = free_port()
+    local_root = tempfile.mkdtemp(prefix="sp-", dir="/tmp")
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="playground.settings",
@@ -46,7 +49,9 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
         REDIS_URL=settings.REDIS_URL,
         SANDPIT_INSTALLATION=settings.SANDPIT_INSTALLATION,
         SANDPIT_API_RATE="1000000/min",
-        SANDPIT_LOCAL_ROOT=str(tmp_path / "sandboxes"),
+        # Short on purpose: the host reaches a sandbox's agent through a Unix socket under this
+        # root, and AF_UNIX paths are limited to 107 bytes (pytest's tmp_path is too long).
+        SANDPIT_LOCAL_ROOT=local_root,
         SANDPIT_VAR_DIR=str(tmp_path / "var"),
         SANDPIT_LOG_LEVEL="WARNING",
     )
@@ -89,6 +94,7 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+        shutil.rmtree(local_root, ignore_errors=True)
 
 
 def test_32_clients_x_200_metered_calls_count_exactly(server, org_a, key_a):  # type: ignore[no-untyped-def]
@@ -96,6 +102,21 @@ def test_32_clients_x_200_metered_calls_count_exactly(server, org_a, key_a):  # 
     created = httpx.post(f"{server}/api/v1/sandboxes", json={}, headers=headers, timeout=60)
     assert created.status_code == 201, created.text
     sandbox_url = f"{server}/api/v1/sandboxes/{created.json()['id']}"
+    # A retried request with one Idempotency-Key runs and counts once.
+    retry_headers = {**headers, "Idempotency-Key": "retry-once-1"}
+    first = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
+    )
+    second = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
+    )
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    assert first.content == second.content and second.headers.get("Idempotent-Replayed") == "true"
+    reused = httpx.post(
+        f"{sandbox_url}/commands", json={"command": "echo other"}, headers=retry_headers, timeout=60
+    )
+    assert reused.status_code == 422 and reused.json()["error"]["code"] == "idempotency_key_reused"
+
     statuses: list[int] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -128,27 +149,12 @@ def test_32_clients_x_200_metered_calls_count_exactly(server, org_a, key_a):  # 
 
     # Usage is current before any flush: unflushed executions are included.
     usage = httpx.get(f"{server}/api/v1/usage", headers=headers, timeout=30).json()
-    assert usage["executions"] == 1 + CLIENTS * CALLS
+    assert usage["executions"] == 2 + CLIENTS * CALLS
     # Usage calls are billing pages: not counted.
     assert (
         httpx.get(f"{server}/api/v1/usage", headers=headers, timeout=30).json()["executions"]
-        == 1 + CLIENTS * CALLS
+        == 2 + CLIENTS * CALLS
     )
-
-    # A retried request with one Idempotency-Key runs and counts once.
-    retry_headers = {**headers, "Idempotency-Key": "retry-once-1"}
-    first = httpx.post(
-        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
-    )
-    second = httpx.post(
-        f"{sandbox_url}/commands", json={"command": "echo hi"}, headers=retry_headers, timeout=60
-    )
-    assert first.status_code == second.status_code == 200, (first.text, second.text)
-    assert first.content == second.content and second.headers.get("Idempotent-Replayed") == "true"
-    reused = httpx.post(
-        f"{sandbox_url}/commands", json={"command": "echo other"}, headers=retry_headers, timeout=60
-    )
-    assert reused.status_code == 422 and reused.json()["error"]["code"] == "idempotency_key_reused"
 
     # Refused before reaching a sandbox: not counted.
     assert (
