@@ -235,14 +235,13 @@ class SandboxTimeoutApi(MeteredApi):
 
 
 class SandboxStatsApi(MeteredApi):
+    """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and
+    runs nothing in it, and an open playground polls it every few seconds."""
+
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
-
-        def run() -> Response:
-            stats = services.sandbox_stats(sandbox=sandbox)
-            return Response(dict(stats.__dict__))
-
-        return self.metered(request, feature="sandbox", operation="sandbox.stats", run=run)
+        stats = services.sandbox_stats(sandbox=sandbox)
+        return Response(dict(stats.__dict__))
 
 
 # --- execution --------------------------------------------------------------------------------

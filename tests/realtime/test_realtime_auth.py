@@ -170,3 +170,24 @@ def test_free_plan_gets_402_for_terminals_watchers_and_ports(server, free_key): 
     started = time.monotonic()
     api.delete(f"/api/v1/sandboxes/{sandbox_id}")
     assert time.monotonic() - started < 10
+
+
+def test_program_without_origin_authenticates_with_its_key(server, rt_api_a, key_a, sbx_a):  # type: ignore[no-untyped-def]
+    from websockets.sync.client import connect
+
+    terminal = open_terminal(rt_api_a, sbx_a)
+    url = f"ws://127.0.0.1:{server.port}{terminal['ws_path']}"
+    with connect(
+        url, additional_headers={"Authorization": f"Bearer {key_a}"}, open_timeout=10
+    ) as ws:
+        ws.send(b"echo no-origin-ok\r")
+        seen = b""
+        deadline = time.monotonic() + 10
+        while b"no-origin-ok\r\n" not in seen and time.monotonic() < deadline:
+            frame = ws.recv(timeout=5)
+            if isinstance(frame, bytes):
+                seen += frame
+        assert b"no-origin-ok\r\n" in seen
+    # Without credentials a missing Origin does not help: authentication still refuses it.
+    with connect(url, open_timeout=10) as ws:
+        assert _close_code(ws) == 4401
