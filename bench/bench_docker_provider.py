@@ -9,6 +9,7 @@ running container, the provider's exec, and destroy.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def main() -> None:
         )
         samples["provider create + first exec (same)"].append(timed(create_and_exec))
     for provider_id in ids:
-        samples["provider destroy"].append(timed(lambda: provider.destroy(provider_id)))
+        samples["provider destroy"].append(timed(functools.partial(provider.destroy, provider_id)))
 
     handle = provider.create(SandboxSpec(sandbox_id="bench-exec"))
     # The provider's own docker-py APIClient, used raw: exec_create + exec_start +

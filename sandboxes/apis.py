@@ -7,12 +7,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from billing.idempotency import (
-    StoredResponse,
-    idempotency_abort,
-    idempotency_begin,
-    idempotency_complete,
-)
 from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -24,6 +18,12 @@ from rest_framework.views import APIView
 from accounts.authentication import Principal
 from accounts.permissions import principal_of
 from accounts.tokens import sandbox_token_encode
+from billing.idempotency import (
+    StoredResponse,
+    idempotency_abort,
+    idempotency_begin,
+    idempotency_complete,
+)
 from billing.metering import metering_authorize, metering_record
 from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
 
