@@ -64,11 +64,10 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import docker.errors - this module is the Docker adapter
+import docker
+import docker.errors
 import requests.exceptions
 from docker.types import Ulimit
-
-import docker
 
 from .base import (
     Capability,
