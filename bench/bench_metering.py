@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -140,6 +141,7 @@ def main() -> None:
         "|------------------------------------------------|--------|---------|---------|-----------|",
     ]
     daphnes: list[subprocess.Popen[bytes]] = []
+    tmp = tempfile.mkdtemp(prefix="bench-metering-", dir="/tmp")  # short: AF_UNIX path limit
     try:
         # 1. Direct --------------------------------------------------------------------------
         timed(
@@ -175,7 +177,6 @@ def main() -> None:
         settings.REDIS_URL = redis_url
 
         # 2. HTTP ------------------------------------------------------------------------------
-        tmp = tempfile.mkdtemp(prefix="bench-metering-")
         env = dict(
             os.environ,
             SANDPIT_API_RATE="100000000/min",
@@ -255,6 +256,7 @@ def main() -> None:
             client_.delete(*keys)
         org.delete()
         free.delete()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     print(
         f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; python {sys.version.split()[0]}\n"

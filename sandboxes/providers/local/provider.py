@@ -569,16 +569,26 @@ class LocalProvider:
     # ------------------------------------------------------------ agent calls
 
     def _connect(self, provider_id: str, timeout: float) -> socket.socket:
-        path = self._dir(provider_id) / "run" / "agent.sock"
+        run_dir = self._dir(provider_id) / "run"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
+        dir_fd = None
         try:
-            sock.connect(str(path))
+            target = str(run_dir / "agent.sock")
+            if len(target.encode()) > 100:
+                # Unix socket paths are limited to 107 bytes; reach a deep root through a
+                # descriptor of its directory instead.
+                dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
+                target = f"/proc/self/fd/{dir_fd}/agent.sock"
+            sock.connect(target)
         except OSError:
             sock.close()
             if not (self.root_dir / provider_id).exists():
                 raise SandboxGone(f"no sandbox {provider_id!r}") from None
             raise SandboxGone(f"sandbox {provider_id} is stopped") from None
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
         return sock
 
     def _call(self, provider_id: str, request: dict, timeout: float = CONTROL_TIMEOUT_S) -> dict:
