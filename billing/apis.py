@@ -198,14 +198,14 @@ class InvoiceMarkPaidApi(APIView):
 
     permission_classes = [IsStaffUser]
 
-    class Input(serializers.Serializer):
+    class InvoiceMarkPaidInput(serializers.Serializer):
         reference = serializers.CharField(
             max_length=200, required=False, allow_blank=True, default=""
         )
 
-    @extend_schema(request=Input, responses=InvoiceOutput)
+    @extend_schema(request=InvoiceMarkPaidInput, responses=InvoiceOutput)
     def post(self, request, invoice_id: int):  # type: ignore[no-untyped-def]
-        data = self.Input(data=request.data)
+        data = self.InvoiceMarkPaidInput(data=request.data)
         data.is_valid(raise_exception=True)
         invoice = selectors.invoice_get(invoice_id=invoice_id)
         services.invoice_mark_paid(
@@ -225,7 +225,7 @@ def _plan_body(state: services.PlanState) -> dict[str, Any]:
 class PlanApi(APIView):
     """GET the plan (and any scheduled change); POST {"plan"} to change it (owners/admins)."""
 
-    class Input(serializers.Serializer):
+    class PlanInput(serializers.Serializer):
         plan = serializers.ChoiceField(choices=list(pricing.PLANS))
 
     def get_permissions(self):  # type: ignore[no-untyped-def]
@@ -236,9 +236,9 @@ class PlanApi(APIView):
             _plan_body(services.plan_state(organization=principal_of(request).organization))
         )
 
-    @extend_schema(request=Input)
+    @extend_schema(request=PlanInput)
     def post(self, request):  # type: ignore[no-untyped-def]
-        data = self.Input(data=request.data)
+        data = self.PlanInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         state = services.organization_plan_change(
@@ -254,12 +254,12 @@ class SpendingCapApi(APIView):
 
     permission_classes = [IsOrganizationManager]
 
-    class Input(serializers.Serializer):
+    class SpendingCapInput(serializers.Serializer):
         cap_cents = serializers.IntegerField(min_value=0, max_value=10**12, allow_null=True)
 
-    @extend_schema(request=Input)
+    @extend_schema(request=SpendingCapInput)
     def put(self, request):  # type: ignore[no-untyped-def]
-        data = self.Input(data=request.data)
+        data = self.SpendingCapInput(data=request.data)
         data.is_valid(raise_exception=True)
         organization = principal_of(request).organization
         services.organization_spending_cap_set(

@@ -295,7 +295,7 @@ if PRODUCTION:
     SECURE_HSTS_PRELOAD = True
     SECURE_REFERRER_POLICY = "same-origin"
 
-# --- Operations: reaper, reconciler, metrics (see OPERATIONS.md) ---------------------------
+# --- Operations: reaper, reconciler, metrics (see the README, Operations) ---------------------------
 # Idle timeout and max lifetime are SANDPIT_IDLE_TIMEOUT_S / SANDPIT_MAX_LIFETIME_S above.
 SANDPIT_ORPHAN_GRACE_S = env_int("SANDPIT_ORPHAN_GRACE_S", 60)
 SANDPIT_CREATE_STALE_S = env_int("SANDPIT_CREATE_STALE_S", 600)

@@ -3,7 +3,7 @@
 Every consumer authenticates the same way (sandboxes.realtime.realtime_authorize), refuses
 with a close code after accepting (4401 auth, 4402 billing, 4403 scope, 4404 tenancy) and
 sends through one outbound queue drained by a pump task, so PTY callbacks never await.
-Messages are documented in sandboxes/README_REALTIME.md.
+Messages are documented in the README (Real-time section).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ REASON_ORPHAN = "orphan"
 REASON_ERROR = "error"
 
 
-# --- settings (documented defaults; see OPERATIONS.md) -------------------------------------
+# --- settings (documented defaults; see the README, Operations) -------------------------------------
 
 
 def orphan_grace_s() -> int:

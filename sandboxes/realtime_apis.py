@@ -72,6 +72,7 @@ def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
 class TerminalListApi(MeteredApi):
     required_scope = "terminal"
 
+    @extend_schema(operation_id="v1_sandboxes_terminals_list")
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
         terminals = terminal_manager.for_sandbox(sandbox.id)
@@ -99,6 +100,7 @@ class TerminalListApi(MeteredApi):
 class TerminalDetailApi(MeteredApi):
     required_scope = "terminal"
 
+    @extend_schema(operation_id="v1_sandboxes_terminal_retrieve")
     def get(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
         return Response(

@@ -9,43 +9,105 @@ import sandboxes.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounts', '0001_initial'),
+        ("accounts", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Sandbox',
+            name="Sandbox",
             fields=[
-                ('id', models.CharField(default=sandboxes.models.new_sandbox_id, editable=False, max_length=40, primary_key=True, serialize=False)),
-                ('provider', models.CharField(max_length=30)),
-                ('provider_id', models.CharField(blank=True, default='', max_length=200)),
-                ('state', models.CharField(choices=[('creating', 'Creating'), ('running', 'Running'), ('stopped', 'Stopped'), ('error', 'Error'), ('destroyed', 'Destroyed')], db_index=True, default='creating', max_length=12)),
-                ('template', models.CharField(default='default', max_length=100)),
-                ('resources', models.JSONField(blank=True, default=dict)),
-                ('timeout_s', models.PositiveIntegerField(help_text='Idle timeout in seconds.')),
-                ('network', models.BooleanField(default=False)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('ephemeral', models.BooleanField(default=False, help_text='Created by /run; destroyed after.')),
-                ('error_message', models.TextField(blank=True, default='')),
-                ('destroy_reason', models.CharField(blank=True, default='', max_length=40)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('stopped_at', models.DateTimeField(blank=True, null=True)),
-                ('destroyed_at', models.DateTimeField(blank=True, null=True)),
-                ('last_activity_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField(help_text='Maximum lifetime; reaped after this.')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('created_by_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='accounts.apikey')),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='sandboxes', to='accounts.organization')),
+                (
+                    "id",
+                    models.CharField(
+                        default=sandboxes.models.new_sandbox_id,
+                        editable=False,
+                        max_length=40,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("provider", models.CharField(max_length=30)),
+                ("provider_id", models.CharField(blank=True, default="", max_length=200)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("creating", "Creating"),
+                            ("running", "Running"),
+                            ("stopped", "Stopped"),
+                            ("error", "Error"),
+                            ("destroyed", "Destroyed"),
+                        ],
+                        db_index=True,
+                        default="creating",
+                        max_length=12,
+                    ),
+                ),
+                ("template", models.CharField(default="default", max_length=100)),
+                ("resources", models.JSONField(blank=True, default=dict)),
+                ("timeout_s", models.PositiveIntegerField(help_text="Idle timeout in seconds.")),
+                ("network", models.BooleanField(default=False)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "ephemeral",
+                    models.BooleanField(
+                        default=False, help_text="Created by /run; destroyed after."
+                    ),
+                ),
+                ("error_message", models.TextField(blank=True, default="")),
+                ("destroy_reason", models.CharField(blank=True, default="", max_length=40)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_index=True, default=django.utils.timezone.now),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("stopped_at", models.DateTimeField(blank=True, null=True)),
+                ("destroyed_at", models.DateTimeField(blank=True, null=True)),
+                ("last_activity_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "expires_at",
+                    models.DateTimeField(help_text="Maximum lifetime; reaped after this."),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "created_by_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="accounts.apikey",
+                    ),
+                ),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="sandboxes",
+                        to="accounts.organization",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['organization', 'state'], name='sandboxes_s_organiz_34142e_idx')],
+                "ordering": ["-created_at"],
+                "indexes": [
+                    models.Index(
+                        fields=["organization", "state"], name="sandboxes_s_organiz_34142e_idx"
+                    )
+                ],
             },
         ),
     ]

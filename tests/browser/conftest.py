@@ -13,9 +13,15 @@ from pathlib import Path
 
 import pytest
 
-# Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-# (creating users) are still plain synchronous code.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+@pytest.fixture(autouse=True, scope="module")
+def _allow_orm_beside_playwright():  # type: ignore[no-untyped-def]
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
+    # (creating users) are still plain synchronous code. Scoped to the browser modules only.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

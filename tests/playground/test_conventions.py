@@ -81,6 +81,7 @@ def test_check_deploy_is_clean_in_production_settings(tmp_path):
         "DJANGO_ALLOWED_HOSTS": "sandpit.example.com",
         "SANDPIT_VAR_DIR": str(tmp_path),
     }
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser tests set it for Playwright
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT,
