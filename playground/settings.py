@@ -168,6 +168,8 @@ else:
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
     }
+    for _folder in ("queue", "processed"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
 
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_RESULT_BACKEND = None

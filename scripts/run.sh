@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export DJANGO_SETTINGS_MODULE=playground.settings
-mkdir -p var
+VAR_DIR=${SANDPIT_VAR_DIR:-var}
+mkdir -p "$VAR_DIR"
 PY=.venv/bin/python
 $PY manage.py migrate --noinput
 $PY manage.py ensure_demo
@@ -16,7 +17,7 @@ trap cleanup EXIT INT TERM
 
 .venv/bin/celery -A playground worker --loglevel=INFO --concurrency=2 --without-gossip --without-mingle &
 pids+=($!)
-.venv/bin/celery -A playground beat --loglevel=INFO --schedule var/celerybeat-schedule &
+.venv/bin/celery -A playground beat --loglevel=INFO --schedule "$VAR_DIR/celerybeat-schedule" &
 pids+=($!)
 .venv/bin/daphne -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
 pids+=($!)

@@ -33,7 +33,9 @@ fi
 stamp=.venv/.sandpit-installed
 extras=""
 [ $want_dev = 1 ] && extras="[dev]"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! grep -qxF "$extras" "$stamp" 2>/dev/null; then
+installed_extras=$(cat "$stamp" 2>/dev/null || echo none)
+# An install with the dev extras also serves a plain run.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ "$installed_extras" != "$extras" ] && [ "$installed_extras" != "[dev]" ]; }; then
   echo "==> installing Python dependencies$extras"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".$extras"
