@@ -4,7 +4,7 @@
 Safe by construction, with several workers at once and across crashes:
 
 * The commit point of every destroy is a conditional UPDATE of the row's state
-  (`sandbox_transition`, or the compare-and-set in `_destroy_if_still_idle`). Only the
+  (`sandbox_transition`; for idle reaps `sandbox_destroy(only_if_idle=True)`, a compare-and-set). Only the
   caller whose UPDATE matched calls `provider.destroy`, so two reapers never destroy one
   sandbox twice, and no lock is held while a provider call runs. We chose this over
   `select_for_update(skip_locked=True)` (a transaction open across provider calls, which
@@ -170,44 +170,6 @@ def run_pre_stop_hook(sandbox: Sandbox) -> None:
         )
 
 
-def _destroy_if_still_idle(sandbox: Sandbox, *, now: datetime) -> bool:
-    """Destroy for idleness only if nothing happened since we looked: a compare-and-set on
-    the state, activity time and timeout we read. Returns whether this call won."""
-    won = Sandbox.objects.filter(
-        pk=sandbox.pk,
-        state=SandboxState.RUNNING,
-        last_activity_at=sandbox.last_activity_at,
-        timeout_s=sandbox.timeout_s,
-    ).update(state=SandboxState.DESTROYED, destroyed_at=now, destroy_reason=REASON_IDLE)
-    if not won:
-        return False
-    sandbox.state, sandbox.destroyed_at, sandbox.destroy_reason = (
-        SandboxState.DESTROYED,
-        now,
-        REASON_IDLE,
-    )
-    _provider_destroy_after_commit(sandbox)
-    from .realtime import sandbox_event_broadcast
-
-    sandbox_event_broadcast(
-        sandbox.id, {"type": "status", "state": "destroyed", "reason": REASON_IDLE}
-    )
-    logger.info("sandbox destroyed (%s)", REASON_IDLE, extra={"sandbox_id": sandbox.id})
-    return True
-
-
-def _provider_destroy_after_commit(sandbox: Sandbox) -> None:
-    """The row already says destroyed; free the resource. A failure (or a crash here) is
-    finished by the leftover sweep of the next run."""
-    if not sandbox.provider_id:
-        return
-    try:
-        provider_for(sandbox).destroy(sandbox.provider_id)
-    except ProviderError:
-        _provider_error(sandbox.provider, "destroy")
-        logger.exception("provider destroy failed; the next run retries")
-
-
 def _reap_one(sandbox: Sandbox, now: datetime, report: ReapReport) -> None:
     if sandbox.expires_at <= now:
         # Max lifetime: reaped regardless of activity.
@@ -240,7 +202,7 @@ def _reap_one(sandbox: Sandbox, now: datetime, report: ReapReport) -> None:
         logger.info("idle by the clock but %d user process(es) running: kept", running)
         return
     run_pre_stop_hook(sandbox)
-    if _destroy_if_still_idle(sandbox, now=now):
+    if sandbox_destroy(sandbox=sandbox, reason=REASON_IDLE, only_if_idle=True):
         report.reaped_idle.append(sandbox.id)
         metrics.counter_inc("sandboxes_reaped", reason=REASON_IDLE)
 

@@ -60,13 +60,16 @@ def require_capability(provider: SandboxProvider, capability: Capability) -> Non
         )
 
 
-def sandbox_transition(sandbox: Sandbox, to: str, **fields: Any) -> bool:
-    """Move to state `to` if the current state allows it. Conditional UPDATE, so two
-    workers racing on one sandbox cannot both win. Returns whether this call won."""
+def sandbox_transition(
+    sandbox: Sandbox, to: str, *, where: Mapping[str, Any] | None = None, **fields: Any
+) -> bool:
+    """Move to state `to` if the current state allows it (and the row still matches `where`).
+    Conditional UPDATE, so two workers racing on one sandbox cannot both win. Returns
+    whether this call won."""
     allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
-    updated = Sandbox.objects.filter(pk=sandbox.pk, state__in=allowed_from).update(
-        state=to, **fields
-    )
+    updated = Sandbox.objects.filter(
+        pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
+    ).update(state=to, **fields)
     if updated:
         sandbox.state = to
         for name, value in fields.items():
@@ -212,18 +215,36 @@ def sandbox_create(
     return sandbox
 
 
-def sandbox_destroy(*, sandbox: Sandbox, reason: str = "api") -> bool:
+def sandbox_destroy(*, sandbox: Sandbox, reason: str = "api", only_if_idle: bool = False) -> bool:
     """Destroy in the provider and record why. Only the caller that wins the state change
-    calls the provider, so concurrent destroys never double-destroy. Returns that."""
+    calls the provider, so concurrent destroys never double-destroy. With `only_if_idle`
+    (the reaper), it wins only if the sandbox is still running with the activity time and
+    timeout the caller read: a keystroke in between keeps it alive. Returns whether it won."""
+    where = (
+        {
+            "state": SandboxState.RUNNING,
+            "last_activity_at": sandbox.last_activity_at,
+            "timeout_s": sandbox.timeout_s,
+        }
+        if only_if_idle
+        else None
+    )
     if not sandbox_transition(
-        sandbox, SandboxState.DESTROYED, destroyed_at=timezone.now(), destroy_reason=reason
+        sandbox,
+        SandboxState.DESTROYED,
+        where=where,
+        destroyed_at=timezone.now(),
+        destroy_reason=reason,
     ):
         return False
     if sandbox.provider_id:
         try:
             provider_for(sandbox).destroy(sandbox.provider_id)
         except ProviderError:
-            # The row is destroyed; the reconciler removes the leftover resource as an orphan.
+            # The row is destroyed; the reconciler removes the leftover resource.
+            from playground.metrics import counter_inc
+
+            counter_inc("provider_errors", provider=sandbox.provider, operation="destroy")
             logger.exception("provider destroy failed", extra={"sandbox_id": sandbox.id})
     from .realtime import sandbox_event_broadcast
 

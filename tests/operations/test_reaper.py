@@ -10,7 +10,7 @@ from django.utils import timezone
 from sandboxes import operations
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import get_provider
-from sandboxes.services import sandbox_process_start, sandbox_touch_id
+from sandboxes.services import sandbox_destroy, sandbox_process_start, sandbox_touch_id
 
 from .conftest import provider_has
 
@@ -99,7 +99,7 @@ def test_activity_between_check_and_commit_wins(make_sandbox):
     stale_view = Sandbox.objects.get(pk=sandbox.pk)
     sandbox_touch_id(sandbox.pk)  # a keystroke lands after the reaper looked
 
-    assert not operations._destroy_if_still_idle(stale_view, now=timezone.now())
+    assert not sandbox_destroy(sandbox=stale_view, reason="idle", only_if_idle=True)
     sandbox.refresh_from_db()
     assert sandbox.state == SandboxState.RUNNING
     assert provider_has("local", sandbox.provider_id)
