@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 want_dev=0
 [ "${1:-}" = "--dev" ] && want_dev=1
 
-packages=(bubblewrap)
+packages=(bubblewrap slirp4netns nftables)
 [ $want_dev = 1 ] && packages+=(chromium docker.io debootstrap)
 
 missing=()

@@ -10,22 +10,31 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from sandboxes.providers.base import (
+    Capability,
+    CapabilityNotSupported,
     ExecRequest,
     ExecResult,
     ProviderError,
+    ResourceExhausted,
     Resources,
     SandboxGone,
     SandboxSpec,
     SandboxState,
 )
+from sandboxes.providers.local import LocalProvider, net
+
+REPO = Path(__file__).resolve().parents[2]
 
 MakeSandbox = Callable[..., str]
 
@@ -244,3 +253,223 @@ def test_sandbox_whose_jail_died_is_listed_stopped_and_destroyable(local_provide
     local_provider.write_file(sandbox, "files-still-work.txt", b"ok")
     assert local_provider.destroy(sandbox) is True
     assert local_provider.destroy(sandbox) is False
+
+
+# ---------------------------------------------------------------------------
+# network=True: a namespace of its own, outbound through slirp4netns, no host
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def needs_network(local_provider) -> None:  # type: ignore[no-untyped-def]
+    if Capability.NETWORK not in local_provider.capabilities:
+        pytest.skip("slirp4netns or nftables is not installed (scripts/setup.sh installs them)")
+
+
+def test_networked_sandbox_has_its_own_interface_route_and_dns(
+    local_provider, make_sandbox, needs_network
+):
+    sandbox = make_sandbox(network=True)
+    result = sh(local_provider, sandbox, "cat /proc/net/route /etc/resolv.conf /proc/net/dev")
+    out = result.stdout.decode()
+    routes = [line.split() for line in out.splitlines() if line.startswith("tap0")]
+    # the default route goes through slirp's gateway 10.0.2.2 (little-endian hex)
+    assert ["tap0", "00000000", "0202000A"] in [r[:3] for r in routes], out
+    assert f"nameserver {net.SLIRP_DNS}" in out
+    host_ifaces = {name for name in os.listdir("/sys/class/net") if name not in ("lo", "tap0")}
+    jail_ifaces = {line.split(":")[0].strip() for line in out.splitlines() if ":" in line}
+    assert not host_ifaces & jail_ifaces
+
+
+def _connect_from(local_provider, sandbox: str, hosts: list[str], port: int) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    code = (
+        "import json, socket\n"
+        "out = {}\n"
+        f"for host in {hosts!r}:\n"
+        "    try:\n"
+        f"        socket.create_connection((host, {port}), timeout=3).close()\n"
+        "        out[host] = 'connected'\n"
+        "    except OSError as e:\n"
+        "        out[host] = repr(e)\n"
+        "print(json.dumps(out))\n"
+    )
+    result = local_provider.run_code(sandbox, code, "python", timeout_s=60)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_networked_sandbox_cannot_reach_services_on_the_host(
+    local_provider, make_sandbox, needs_network
+):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))  # noqa: S104 - the point is a service on every host address
+    server.listen(8)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    try:
+        sandbox = make_sandbox(network=True)
+        # 10.0.2.2 is slirp's gateway, which maps to the host's 127.0.0.1 unless disabled;
+        # the others are the host's own addresses, reachable through slirp's host sockets.
+        hosts = ["127.0.0.1", net.SLIRP_GATEWAY, *(str(a) for a in net.host_addresses())]
+        assert len(hosts) > 3, "the host has no address besides loopback to try"
+        outcome = _connect_from(local_provider, sandbox, hosts, port)
+        assert "connected" not in outcome.values(), outcome
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+
+
+def test_network_is_refused_without_slirp4netns(tmp_path, monkeypatch):
+    monkeypatch.setattr(net, "find_tools", lambda: None)
+    provider = LocalProvider(root_dir=tmp_path / "sandboxes")
+    assert Capability.NETWORK not in provider.capabilities
+    with pytest.raises(CapabilityNotSupported, match="slirp4netns"):
+        provider.create(SandboxSpec(sandbox_id="no-net", network=True))
+    assert not (tmp_path / "sandboxes" / "no-net").exists()
+    handle = provider.create(SandboxSpec(sandbox_id="offline"))
+    assert provider.destroy(handle.provider_id)
+
+
+# ---------------------------------------------------------------------------
+# disk: the whole sandbox is capped at disk_mb
+# ---------------------------------------------------------------------------
+
+_FILL = """
+import errno, os
+n = 0
+try:
+    while True:
+        fd = os.open(f"f{n}", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"x" * 16384)
+        finally:
+            os.close(fd)
+        n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])
+    raise SystemExit(1)
+"""
+
+
+def _mounts() -> str:
+    with open("/proc/mounts") as f:
+        return f.read()
+
+
+def test_many_small_files_stop_at_disk_mb_off_the_host_disk(local_provider, make_sandbox):
+    if os.geteuid() != 0:
+        pytest.skip("the workspace quota needs Sandpit to run as root (it mounts a tmpfs)")
+    root = local_provider.root_dir
+    host_before = os.statvfs(root)
+    sandbox = make_sandbox(resources=Resources(disk_mb=16))
+    workspace = root / sandbox / "workspace"
+    assert os.stat(workspace).st_dev != os.stat(root).st_dev
+    assert f" {root / sandbox}/" in _mounts()
+
+    result = local_provider.run_code(sandbox, _FILL, "python", timeout_s=60)
+    assert result.exit_code == 1, result.stderr
+    count, err = result.stdout.split()
+    assert err == b"ENOSPC"
+    assert 14 * 1024 * 1024 <= int(count) * 16384 <= 16 * 1024 * 1024
+    assert sh(local_provider, sandbox, "echo more > /tmp/more").exit_code != 0
+    with pytest.raises(ResourceExhausted):
+        local_provider.write_file(sandbox, "host-side.bin", b"y" * (2 * 1024 * 1024))
+    with pytest.raises(ResourceExhausted):  # long code goes through a file in /tmp
+        local_provider.run_code(sandbox, "#" * 2_000_000, "python")
+    assert local_provider.stats(sandbox).disk_bytes >= 14 * 1024 * 1024
+
+    host_after = os.statvfs(root)
+    used_on_host = (host_before.f_bavail - host_after.f_bavail) * host_after.f_frsize
+    assert used_on_host < 8 * 1024 * 1024
+
+    assert local_provider.destroy(sandbox)
+    assert str(root / sandbox) not in _mounts()
+    assert not (root / sandbox).exists()
+
+
+def test_destroy_unmounts_even_while_a_host_process_holds_the_workspace(
+    local_provider, make_sandbox
+):
+    sandbox = make_sandbox()
+    workspace = local_provider.root_dir / sandbox / "workspace"
+    watch = local_provider.watch(sandbox, ".")
+    held = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert local_provider.destroy(sandbox)
+        assert str(local_provider.root_dir / sandbox) not in _mounts()
+        assert not (local_provider.root_dir / sandbox).exists()
+    finally:
+        os.close(held)
+        watch.close()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------
+# terminals and child processes
+# ---------------------------------------------------------------------------
+
+
+def test_pty_write_to_a_destroyed_sandbox_raises_sandbox_gone(local_provider, make_sandbox):
+    sandbox = make_sandbox()
+    session = local_provider.open_pty(sandbox)
+    try:
+        local_provider.destroy(sandbox)
+        with pytest.raises(SandboxGone):
+            for _ in range(100):  # the first write may still land in the socket buffer
+                session.write(b"echo hi\n")
+                time.sleep(0.01)
+    finally:
+        session.close()
+    with pytest.raises(SandboxGone):
+        session.write(b"x")
+
+
+def test_pty_write_gives_up_when_the_shell_takes_no_input(local_provider, make_sandbox):
+    sandbox = make_sandbox()
+    session = local_provider.open_pty(sandbox)
+    session.write_timeout_s = 0.5
+    try:
+        session.write(b"exec sleep 1000\n")
+        started = time.monotonic()
+        with pytest.raises(ProviderError) as excinfo:
+            for _ in range(64):
+                session.write(b"x" * 1024 * 1024)
+        assert not isinstance(excinfo.value, SandboxGone)
+        assert time.monotonic() - started < 10
+    finally:
+        session.close()
+
+
+def _reaped(pid: int) -> bool:
+    """True once `pid` is no zombie child of this process (gone, or not ours)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    return int(fields[1]) != os.getpid()
+
+
+def test_jail_destroyed_by_another_process_leaves_no_zombie(local_provider, make_sandbox):
+    network = Capability.NETWORK in local_provider.capabilities
+    sandbox = make_sandbox(network=network)
+    state = json.loads((local_provider.root_dir / sandbox / "state.json").read_text())
+    children = [state["bwrap_pid"]] + ([state["slirp_pid"]] if network else [])
+    assert all(not _reaped(pid) for pid in children)
+    destroy = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from sandboxes.providers.local import LocalProvider\n"
+        "assert LocalProvider(Path(sys.argv[1])).destroy(sys.argv[2])\n"
+    )
+    subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", destroy, str(local_provider.root_dir), sandbox],
+        cwd=REPO,
+        check=True,
+        timeout=60,
+    )
+    end = time.monotonic() + 5
+    while not all(_reaped(pid) for pid in children):
+        assert time.monotonic() < end, f"zombies left: {children}"
+        time.sleep(0.02)

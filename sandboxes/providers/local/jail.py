@@ -2,6 +2,7 @@
 
 Layout of ``root_dir/<id>/`` (0700, owned by the host user running Sandpit)::
 
+    vol/         a tmpfs of resources.disk_mb holding the three below (see volume.py)
     workspace/   bind-mounted read-write at /workspace (the cwd, HOME)
     tmp/         bind-mounted at /tmp
     run/         bind-mounted at /run/sandpit; the agent's socket lives here
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.providers.base import Resources
+from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
 AGENT_PATH = Path(__file__).with_name("agent.py")
@@ -58,7 +60,6 @@ _ETC_FILES = (
     "debian_version",
     "os-release",
 )
-_NETWORK_ETC_FILES = ("resolv.conf",)
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 
@@ -198,6 +199,8 @@ class JailState:
     timeout_s: int
     labels: dict[str, str]
     resources: dict[str, float]
+    slirp_pid: int = 0
+    slirp_start_ticks: int = 0
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -229,6 +232,15 @@ def jail_alive(state: JailState) -> bool:
     return state.jail_pid > 0 and start_ticks(state.jail_pid) == state.jail_start_ticks
 
 
+def kill_if_same(pid: int, ticks: int) -> None:
+    """SIGKILL `pid` unless it has exited or its number now belongs to another process."""
+    if pid > 0 and start_ticks(pid) == ticks:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 # ---------------------------------------------------------------------------
 # the bwrap command line
 # ---------------------------------------------------------------------------
@@ -246,6 +258,7 @@ def write_shared_etc(etc_dir: Path) -> None:
         "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
         "hostname": "sandbox\n",
+        "resolv.conf": RESOLV_CONF,
     }
     for name, text in files.items():
         path = etc_dir / name
@@ -286,8 +299,6 @@ def bwrap_argv(
         "/usr",
         "/usr",
     ]
-    if network:
-        args.append("--share-net")
     for top in _TOP_LEVEL:
         host = f"/{top}"
         if os.path.islink(host):
@@ -295,10 +306,12 @@ def bwrap_argv(
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    for name in _ETC_FILES + (_NETWORK_ETC_FILES if network else ()):
+    for name in _ETC_FILES:
         if os.path.exists(f"/etc/{name}"):
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    for name in ("passwd", "group", "hosts", "hostname"):
+    # The jail always has a network namespace of its own (--unshare-all); with
+    # network=True the provider attaches slirp4netns to it (see net.py).
+    for name in ("passwd", "group", "hosts", "hostname", *(("resolv.conf",) if network else ())):
         args += ["--ro-bind", str(shared_etc / name), f"/etc/{name}"]
     args += [
         "--bind",

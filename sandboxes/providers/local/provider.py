@@ -5,6 +5,10 @@ listening on a Unix socket in ``root_dir/<id>/run``. Commands, background
 processes, terminals and port streams go through the agent; file operations
 and watches run host-side on the workspace directory (see files.py), which is
 faster and works even when the jail has died.
+
+Every jail has its own network namespace; network=True attaches slirp4netns
+and a firewall to it (net.py). Everything a jail can write sits on a tmpfs of
+``resources.disk_mb`` when Sandpit may mount one (volume.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from sandboxes.providers.base import (
     Capability,
+    CapabilityNotSupported,
     ExecRequest,
     ExecResult,
     FileEntry,
@@ -42,8 +47,9 @@ from sandboxes.providers.base import (
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import jail, wire
-from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
+from sandboxes.providers.local import jail, net, volume, wire
+from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
+from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
 from sandboxes.providers.local.wire import LocalPortStream, LocalPtySession
 
@@ -62,7 +68,7 @@ class LocalProvider:
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available."""
 
     name = "local"
-    capabilities = frozenset(Capability)
+    capabilities: frozenset[Capability] = frozenset(Capability)
 
     def __init__(
         self,
@@ -78,6 +84,10 @@ class LocalProvider:
         self._shared_etc = self.root_dir / ".sandpit" / "etc"
         jail.write_shared_etc(self._shared_etc)
         self._cgroup_bases = jail.cgroup_bases()
+        self._net_tools = net.find_tools()
+        if self._net_tools is None:
+            self.capabilities = frozenset(Capability) - {Capability.NETWORK}
+        self._disk_quota = volume.supported(self.root_dir / ".sandpit" / "probe")
         self._bwraps: dict[str, subprocess.Popen[bytes]] = {}
         self._cpu_samples: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
@@ -107,6 +117,12 @@ class LocalProvider:
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
         env = {str(k): str(v) for k, v in spec.env.items()}
         _check_env(env)
+        if spec.network and self._net_tools is None:
+            raise CapabilityNotSupported(
+                "network=True needs slirp4netns, nsenter and nft on the host "
+                "(apt-get install slirp4netns nftables); without them the local provider "
+                "refuses rather than share the host's network"
+            )
         sdir = self.root_dir / spec.sandbox_id
         try:
             sdir.mkdir(mode=0o700)
@@ -119,9 +135,17 @@ class LocalProvider:
             raise
 
     def _start(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
-        for sub in ("workspace", "tmp", "run"):
-            (sdir / sub).mkdir(mode=0o755)
         res = spec.resources
+        if self._disk_quota:
+            try:
+                volume.create(sdir, res.disk_mb)
+            except OSError as exc:
+                raise ProviderUnavailable(
+                    f"cannot mount the sandbox's file system: {exc}"
+                ) from None
+        else:
+            for sub in volume.SUBDIRS:
+                (sdir / sub).mkdir(mode=0o755)
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
@@ -157,12 +181,15 @@ class LocalProvider:
             log.close()
             for fd in (info_w, block_r, ready_w):
                 os.close(fd)
+        REAPER.watch(proc)
         with self._lock:
             for sid, old in list(self._bwraps.items()):
-                if old.poll() is not None:  # jails destroyed by another process
+                if old.returncode is not None:  # jails destroyed by another process
                     del self._bwraps[sid]
             self._bwraps[spec.sandbox_id] = proc
         jail_pid = 0
+        slirp: subprocess.Popen[bytes] | None = None
+        slirp_ready: int | None = None
         try:
             info = _read_json_fd(info_r, CREATE_TIMEOUT_S)
             jail_pid = int(info["child-pid"])
@@ -170,6 +197,9 @@ class LocalProvider:
             jail.cgroups_join(cgroups, jail_pid)
             os.write(block_w, b"x")
             ticks = jail.start_ticks(jail_pid) or 0
+            firewall = None
+            if spec.network:  # set up while the agent starts
+                slirp, slirp_ready, firewall = self._start_network(sdir, jail_pid, cgroups)
             created = time.time()
             jail.JailState(
                 sandbox_id=spec.sandbox_id,
@@ -182,19 +212,31 @@ class LocalProvider:
                 timeout_s=spec.timeout_s,
                 labels=dict(spec.labels),
                 resources=dict(res.__dict__),
+                slirp_pid=slirp.pid if slirp else 0,
+                slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
             ).save(sdir / "state.json")
-            if not _wait_readable(ready_r, CREATE_TIMEOUT_S) or not os.read(ready_r, 16):
+            deadline = time.monotonic() + CREATE_TIMEOUT_S
+            if not _read_ready(ready_r, deadline):
                 raise ProviderUnavailable(f"the sandbox did not start: {_tail(sdir / 'jail.log')}")
+            if slirp_ready is not None and not _read_ready(slirp_ready, deadline):
+                raise ProviderUnavailable(f"slirp4netns did not start: {_tail(sdir / 'jail.log')}")
+            if firewall is not None and _wait_proc(firewall, deadline) != 0:
+                raise ProviderUnavailable(
+                    f"cannot install the sandbox's firewall: {_tail(sdir / 'jail.log')}"
+                )
         except BaseException:
             if jail_pid > 0:  # killing PID 1 of the jail ends every process in it
                 try:
                     os.kill(jail_pid, signal.SIGKILL)
                 except OSError:
                     pass
+            if slirp is not None:
+                slirp.kill()
             raise
         finally:
-            for fd in (info_r, block_w, ready_r):
-                os.close(fd)
+            for fd in (info_r, block_w, ready_r, slirp_ready):
+                if fd is not None:
+                    os.close(fd)
         return SandboxHandle(
             provider=self.name,
             provider_id=spec.sandbox_id,
@@ -202,6 +244,35 @@ class LocalProvider:
             created_at=datetime.fromtimestamp(created, tz=UTC),
             labels=dict(spec.labels),
         )
+
+    def _start_network(
+        self, sdir: Path, jail_pid: int, cgroups: dict[str, str]
+    ) -> tuple[subprocess.Popen[bytes], int, subprocess.Popen[bytes]]:
+        """Start slirp4netns and the firewall on the jail's namespace (net.py).
+
+        Returns (slirp4netns, the fd it reports ready on, the firewall installer).
+        """
+        assert self._net_tools is not None
+        ready_r, ready_w = os.pipe()
+        log = open(sdir / "jail.log", "ab")  # noqa: SIM115 - handed to the children
+        try:
+            slirp = net.start_slirp(self._net_tools, jail_pid, ready_w, log)
+            REAPER.watch(slirp)
+            try:
+                # In the jail's cgroups it shares its limits and dies with them.
+                jail.cgroups_join(cgroups, slirp.pid)
+                firewall = net.start_firewall(self._net_tools, jail_pid, log)
+                REAPER.watch(firewall)
+            except BaseException:
+                slirp.kill()
+                raise
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            log.close()
+            os.close(ready_w)
+        return slirp, ready_r, firewall
 
     def _handle(self, provider_id: str, *, ping: bool) -> SandboxHandle:
         _, state = self._state(provider_id)
@@ -253,11 +324,9 @@ class LocalProvider:
         return True
 
     def _teardown(self, provider_id: str, sdir: Path, state: jail.JailState | None) -> None:
-        if state is not None and jail.jail_alive(state):
-            try:
-                os.kill(state.jail_pid, signal.SIGKILL)
-            except OSError:
-                pass
+        if state is not None:
+            jail.kill_if_same(state.jail_pid, state.jail_start_ticks)
+            jail.kill_if_same(state.slirp_pid, state.slirp_start_ticks)
         with self._lock:
             proc = self._bwraps.pop(provider_id, None)
         if proc is not None:
@@ -274,6 +343,7 @@ class LocalProvider:
         )
         jail.cgroups_remove(cgroups)
         self._cpu_samples.pop(provider_id, None)
+        volume.remove(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
 
     def set_timeout(self, provider_id: str, timeout_s: int) -> None:
@@ -302,15 +372,19 @@ class LocalProvider:
                 cpu_percent = (usage - prev[1]) / 1e9 / (mono - prev[0]) * 100
             elif uptime > 0:
                 cpu_percent = usage / 1e9 / uptime * 100
-        if "pids" in cg:
-            process_count = max(0, len(jail.cgroup_pids(cg["pids"])) - 1)
+        if "pids" in cg:  # neither the agent nor slirp4netns counts
+            pids = [p for p in jail.cgroup_pids(cg["pids"]) if p != state.slirp_pid]
+            process_count = max(0, len(pids) - 1)
         rx = tx = 0
         if jail.jail_alive(state):
             rx, tx = _net_bytes(state.jail_pid)
+        disk = volume.used_bytes(sdir)
+        if disk is None:
+            disk = _disk_usage(sdir / "workspace") + _disk_usage(sdir / "tmp")
         return SandboxStats(
             cpu_percent=round(max(0.0, cpu_percent), 2),
             memory_bytes=memory,
-            disk_bytes=_disk_usage(sdir / "workspace") + _disk_usage(sdir / "tmp"),
+            disk_bytes=disk,
             net_rx_bytes=rx,
             net_tx_bytes=tx,
             uptime_s=uptime,
@@ -355,7 +429,17 @@ class LocalProvider:
             limits = (
                 "cgroups unavailable: per-process rlimits only (RLIMIT_AS, no process-count limit)"
             )
-        return ProviderHealth(True, f"bwrap ok; {limits}", _ms(started))
+        disk = (
+            "workspace quota: tmpfs of disk_mb"
+            if self._disk_quota
+            else "no workspace quota (cannot mount tmpfs; per-file limit only)"
+        )
+        network = (
+            "network: slirp4netns"
+            if self._net_tools is not None
+            else "network: unavailable (install slirp4netns and nftables)"
+        )
+        return ProviderHealth(True, f"bwrap ok; {limits}; {disk}; {network}", _ms(started))
 
     # -------------------------------------------------------------- execution
 
@@ -434,7 +518,8 @@ class LocalProvider:
             return self._exec(provider_id, [*inline, code], request)
         name = f".sandpit-code-{uuid.uuid4().hex}{suffix}"
         host_file = self._dir(provider_id) / "tmp" / name
-        host_file.write_text(code)
+        with os_errors(f"/tmp/{name}"):  # a full disk is ResourceExhausted
+            host_file.write_text(code)
         try:
             return self._exec(provider_id, [*from_file, f"/tmp/{name}"], request)
         finally:
@@ -635,6 +720,20 @@ def _jail_cwd(cwd: str | None) -> str:
 def _wait_readable(fd: int, timeout: float) -> bool:
     ready, _, _ = select.select([fd], [], [], timeout)
     return bool(ready)
+
+
+def _read_ready(fd: int, deadline: float) -> bool:
+    """Whether a child reported ready on `fd` (any byte) before `deadline`; EOF is False."""
+    return _wait_readable(fd, max(0.0, deadline - time.monotonic())) and bool(os.read(fd, 16))
+
+
+def _wait_proc(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The exit status of `proc`, killing it when it outlives `deadline`."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
 
 
 def _read_json_fd(fd: int, timeout: float) -> dict:

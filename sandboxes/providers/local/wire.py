@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import time
 from collections.abc import Callable
 
 from sandboxes.providers.base import (
@@ -27,6 +28,8 @@ _ERRORS: dict[str, type[ProviderError]] = {
     "resource_exhausted": ResourceExhausted,
 }
 _MAX_REPLY_LINE = 4 * 1024 * 1024
+PTY_WRITE_TIMEOUT_S = 10.0
+"""How long a terminal write may wait for the shell to take its input (as docker's)."""
 
 
 def read_line(sock: socket.socket) -> bytes:
@@ -70,6 +73,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 class LocalPtySession:
     """A terminal whose bytes flow raw over the agent connection."""
 
+    write_timeout_s = PTY_WRITE_TIMEOUT_S
+
     def __init__(self, control: Callable[[dict], dict], sock: socket.socket, pid: int) -> None:
         self._control = control
         self._sock = sock
@@ -89,12 +94,22 @@ class LocalPtySession:
             return b""
 
     def write(self, data: bytes) -> None:
+        """Send keystrokes. Raises SandboxGone once the terminal or its sandbox has
+        ended, ProviderError when the shell takes no input for `write_timeout_s`."""
+        if self._closed:
+            raise SandboxGone("the terminal is closed")
         view = memoryview(data)
+        deadline = time.monotonic() + self.write_timeout_s
         while view:
             try:
                 view = view[self._sock.send(view) :]
             except BlockingIOError:
-                select.select([], [self._sock], [], 5.0)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ProviderError("the terminal is not accepting input") from None
+                select.select([], [self._sock], [], remaining)
+            except (BrokenPipeError, ConnectionResetError):
+                raise SandboxGone("the terminal has ended") from None
 
     def resize(self, cols: int, rows: int) -> None:
         self._control(

@@ -1,0 +1,116 @@
+"""A size-capped file system per sandbox, so that no sandbox can fill the host's disk.
+
+RLIMIT_FSIZE caps one file; this caps them all. ``root_dir/<id>/vol`` is a
+tmpfs of ``resources.disk_mb`` megabytes (and one inode per 8 KiB, so empty
+files cannot exhaust kernel memory either), and ``workspace/``, ``tmp/`` and
+``run/`` (everything the jail can write) are bind mounts of its
+subdirectories. The layout the rest of the provider sees does not change, and
+host-side file operations keep working on it, failing with ENOSPC at the cap.
+
+The mounts live in the host's mount namespace, made before the jail starts
+and lazily unmounted (MNT_DETACH) when it is destroyed, so a file descriptor
+still open somewhere cannot keep the sandbox directory from being removed.
+
+Trade-off: tmpfs lives in memory (and swap). Bytes written from inside the
+jail are charged to the sandbox's memory cgroup, bytes written host-side to
+Sandpit's own; budget ``disk_mb`` of RAM per sandbox at worst. Mounting needs
+CAP_SYS_ADMIN (Sandpit running as root); without it `supported()` is False and
+sandboxes only have the per-file limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+SUBDIRS = ("workspace", "tmp", "run")
+BYTES_PER_INODE = 8192
+MIN_INODES = 1024
+
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_BIND = 0x1000
+_MNT_DETACH = 0x2
+_UMOUNT_NOFOLLOW = 0x8
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = (
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+)
+_libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+
+
+def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str | None) -> None:
+    if (
+        _libc.mount(
+            source.encode(),
+            os.fsencode(target),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {target}: {os.strerror(code)}")
+
+
+def _umount(target: Path) -> bool:
+    """Detach the mount at `target`; False when nothing is mounted there."""
+    return _libc.umount2(os.fsencode(target), _MNT_DETACH | _UMOUNT_NOFOLLOW) == 0
+
+
+def supported(probe_dir: Path) -> bool:
+    """Whether this process may mount a tmpfs (tried once on `probe_dir`)."""
+    probe_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        _mount("sandpit-probe", probe_dir, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k")
+    except OSError:
+        return False
+    _umount(probe_dir)
+    return True
+
+
+def create(sandbox_dir: Path, disk_mb: int) -> None:
+    """Mount the sandbox's tmpfs and bind its subdirectories in place (~0.1 ms).
+
+    Raises OSError; the caller cleans up with `remove` either way.
+    """
+    vol = sandbox_dir / "vol"
+    vol.mkdir(mode=0o700)
+    size = max(1, int(disk_mb))
+    inodes = max(MIN_INODES, size * 1024 * 1024 // BYTES_PER_INODE)
+    _mount(
+        f"sandpit-{sandbox_dir.name}",
+        vol,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV,
+        f"size={size}m,nr_inodes={inodes},mode=0700,uid={os.getuid()},gid={os.getgid()}",
+    )
+    for sub in SUBDIRS:
+        (vol / sub).mkdir(mode=0o755)
+        (sandbox_dir / sub).mkdir(mode=0o755)
+        _mount(str(vol / sub), sandbox_dir / sub, None, _MS_BIND, None)
+
+
+def remove(sandbox_dir: Path) -> None:
+    """Detach every mount `create` made (those that exist); never raises."""
+    for sub in (*SUBDIRS, "vol"):
+        _umount(sandbox_dir / sub)
+
+
+def used_bytes(sandbox_dir: Path) -> int | None:
+    """Bytes in use on the sandbox's tmpfs, or None when it has none."""
+    vol = sandbox_dir / "vol"
+    try:
+        if os.stat(vol).st_dev == os.stat(sandbox_dir).st_dev:
+            return None
+        st = os.statvfs(vol)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
