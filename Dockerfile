@@ -33,10 +33,9 @@ COPY app/ /app/
 WORKDIR /app
 # Static files are collected at build time with the production storage (hashed names and
 # a manifest); the throwaway key and host exist only for this one command.
-# docker/app/build_settings.py tolerates a vendored file's missing source map.
 RUN DJANGO_ENV=production DJANGO_SECRET_KEY=build-only-build-only-build-only-build-only-0123456789 \
-    DJANGO_ALLOWED_HOSTS=build.invalid PYTHONPATH=/app/docker/app \
-    python manage.py collectstatic --noinput -v 0 --settings=build_settings \
+    DJANGO_ALLOWED_HOSTS=build.invalid \
+    python manage.py collectstatic --noinput -v 0 \
  && mkdir -p /app/var \
  && chown -R sandpit:sandpit /app/var \
  && install -m 0755 /app/docker/app/entrypoint.sh /usr/local/bin/sandpit-entrypoint

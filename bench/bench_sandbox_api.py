@@ -116,6 +116,14 @@ def product(api: Api, provider: str, runs: int, live: int) -> dict[str, list[flo
             api.call("DELETE", f"/api/v1/sandboxes/{body['id']}")
         status, body = api.call("POST", "/api/v1/sandboxes", {"provider": provider})
         sid = body["id"]
+        read_samples, true_samples = [], []
+        for _ in range(runs):
+            started = time.perf_counter()
+            api.call("GET", f"/api/v1/sandboxes/{sid}")
+            read_samples.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            api.call("POST", f"/api/v1/sandboxes/{sid}/commands", {"command": "true"})
+            true_samples.append((time.perf_counter() - started) * 1000)
         for _ in range(runs):
             started = time.perf_counter()
             status, result = api.call(
@@ -130,6 +138,8 @@ def product(api: Api, provider: str, runs: int, live: int) -> dict[str, list[flo
     return {
         f"API create + first command ({live} live)": create_samples,
         f"API command round trip ({live} live)": rtt_samples,
+        f"  API read, no provider call ({live} live)": read_samples,
+        f"  API command `true` ({live} live)": true_samples,
     }
 
 

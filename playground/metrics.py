@@ -14,6 +14,7 @@ answers 401; no credentials answer 404, so the endpoint's existence is not adver
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hmac
 import json
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 
@@ -180,7 +182,9 @@ class _LatencyBuffer:
         self._pending: dict[str, float] = defaultdict(float)
         self._last_flush = time.monotonic()
 
-    def observe(self, handler: str, method: str, seconds: float) -> None:
+    def observe(self, handler: str, method: str, seconds: float, flush: bool = True) -> bool:
+        """Record one request; flushes to the shared store about once a second (or, with
+        flush=False, returns whether the caller should flush, e.g. off the event loop)."""
         base = f"{handler}|{method}"
         bucket = next((str(b) for b in LATENCY_BUCKETS_S if seconds <= b), "+Inf")
         with self._lock:
@@ -188,8 +192,9 @@ class _LatencyBuffer:
             self._pending[f"{base}|count"] += 1
             self._pending[f"{base}|sum"] += seconds
             due = time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
-        if due:
+        if due and flush:
             self.flush()
+        return due
 
     def flush(self) -> None:
         with self._lock:
@@ -210,17 +215,38 @@ class LatencyMiddleware:
     """Times every HTTP request into the shared histogram, labelled by URL route (bounded
     cardinality: the route pattern, not the path) and method."""
 
+    sync_capable = True
+    async_capable = True  # keeps the ASGI middleware chain async (one thread hop per request)
+
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
         started = time.perf_counter()
         response = self.get_response(request)
+        self._observe(request, started)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = await self.get_response(request)  # type: ignore[misc]
+        if self._observe(request, started, flush=False):
+            # The store is Redis or a file: write it from a thread, not the event loop.
+            asyncio.get_running_loop().run_in_executor(None, latency.flush)
+        return response
+
+    @staticmethod
+    def _observe(request: HttpRequest, started: float, flush: bool = True) -> bool:
         match = getattr(request, "resolver_match", None)
         handler = (match.route or match.view_name) if match is not None else "unmatched"
         method = request.method if request.method in _METHODS else "OTHER"
-        latency.observe(handler or "unmatched", method, time.perf_counter() - started)
-        return response
+        return latency.observe(
+            handler or "unmatched", method, time.perf_counter() - started, flush=flush
+        )
 
 
 _METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}

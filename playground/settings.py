@@ -87,7 +87,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "playground.metrics.LatencyMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "servestatic.middleware.ServeStaticMiddleware",
     "playground.middleware.RequestIdMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -120,12 +120,18 @@ TEMPLATES = [
 # --- Database -----------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    # Persistent connections do not suit ASGI thread pools: each thread would keep its own.
-    DATABASES = {
-        "default": dj_database_url.parse(
-            DATABASE_URL, conn_max_age=env_int("DJANGO_CONN_MAX_AGE", 0), conn_health_checks=True
-        )
-    }
+    # Under ASGI every request runs its sync code on a fresh thread, so Django's persistent
+    # connections (CONN_MAX_AGE) would open one connection per request and leak them; a
+    # psycopg pool per process hands each request a warm connection instead.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
+        "DJANGO_DB_POOL", True
+    ):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env_int("DJANGO_DB_POOL_MIN", 1),
+            "max_size": env_int("DJANGO_DB_POOL_MAX", 20),
+            "timeout": env_int("DJANGO_DB_POOL_TIMEOUT_S", 10),
+        }
 else:
     DATABASES = {
         "default": {
@@ -207,14 +213,14 @@ STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(VAR_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": "servestatic.storage.CompressedManifestStaticFilesStorage"
         if PRODUCTION
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
-WHITENOISE_USE_FINDERS = not PRODUCTION
+SERVESTATIC_USE_FINDERS = not PRODUCTION
 if not PRODUCTION:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns when it is missing
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # servestatic warns when it is missing
 
 # --- REST framework ---------------------------------------------------------------
 REST_FRAMEWORK = {

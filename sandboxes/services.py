@@ -81,6 +81,8 @@ def sandbox_touch(sandbox: Sandbox) -> None:
     """Record activity (for the idle reaper); at most one write per few seconds."""
     now = timezone.now()
     threshold = now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
+    if sandbox.last_activity_at >= threshold:
+        return  # the row we just read is fresh enough: no write, no round trip
     Sandbox.objects.filter(pk=sandbox.pk, last_activity_at__lt=threshold).update(
         last_activity_at=now
     )

@@ -705,6 +705,53 @@ def _splice_sockets(a: socket.socket, b: socket.socket) -> None:
                 return
 
 
+CONFIG_LOCK = _thread.allocate_lock()
+
+
+def await_config() -> None:
+    """In a warm jail, wait for the configuration of the sandbox that claimed it.
+
+    A warm jail starts with default rlimits and no sandbox environment, and a
+    ``config_fd`` pipe whose write end only the provider holds. Claiming the jail
+    writes ``{"env": ..., "rlimits": ...}`` there and closes it, before any request
+    can arrive; the first request applies it. Code in the jail cannot reach the
+    pipe (it is read and closed before anything runs), so it cannot change its
+    own limits. EOF without data (the owner died unclaimed) keeps the defaults; a
+    malformed configuration ends the jail rather than run it with the wrong limits.
+    """
+    if CONFIG.get("config_fd") is None:
+        return
+    with CONFIG_LOCK:
+        fd = CONFIG.get("config_fd")
+        if fd is None:
+            return
+        chunks = []
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(fd)
+        if chunks:
+            try:
+                config = json_loads(b"".join(chunks).decode())
+                env = config["env"]
+                rlimits = config["rlimits"]
+                if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                    raise ValueError("env must map strings to strings")
+                for name, value in rlimits.items():
+                    if not (name.startswith("RLIMIT_") and hasattr(resource, name)):
+                        raise ValueError(f"unknown rlimit {name}")
+                    if not isinstance(value, int):
+                        raise ValueError(f"rlimit {name} must be an integer")
+            except Exception as exc:  # noqa: BLE001 - any flaw is fatal, see above
+                os.write(2, f"sandpit agent: bad configuration: {exc!r}\n".encode())
+                os._exit(70)
+            os.environ.update(env)
+            CONFIG["rlimits"] = rlimits
+        CONFIG["config_fd"] = None
+
+
 def op_ping(conn: socket.socket, req: dict) -> None:
     _send_line(conn, {"ok": True, "pid": os.getpid()})
 
@@ -738,6 +785,7 @@ def _read_line(conn: socket.socket) -> tuple[bytes, bytes]:
 
 def handle(conn: socket.socket) -> None:
     try:
+        await_config()
         line, rest = _read_line(conn)
         req = json_loads(line.decode("utf-8", "surrogateescape"))
         if not isinstance(req, dict):
@@ -783,6 +831,8 @@ def main() -> None:
     server.bind(path)
     server.listen(128)
     _thread.start_new_thread(REAPER.run, ())
+    if CONFIG.get("config_fd") is not None:  # nothing the jail runs may inherit it
+        os.set_inheritable(CONFIG["config_fd"], False)
     ready_fd = CONFIG.get("ready_fd")
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")

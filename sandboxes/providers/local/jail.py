@@ -138,17 +138,57 @@ def cgroups_create(bases: dict[str, str], sandbox_id: str, res: Resources) -> di
         except OSError:
             continue
         paths[ctrl] = path
+    cgroups_set_limits(paths, res)
+    return paths
+
+
+def cgroups_set_limits(paths: dict[str, str], res: Resources) -> bool:
+    """Write `res` into existing cgroups (at creation, or when a warm jail is claimed).
+
+    False when a limit could not be written, e.g. a memory limit below what the
+    cgroup already uses.
+    """
+    ok = True
+    for ctrl, path in paths.items():
         if ctrl == "memory":
             limit = res.memory_mb * MIB
-            _write(f"{path}/memory.limit_in_bytes", limit)
-            if os.path.exists(f"{path}/memory.memsw.limit_in_bytes"):
-                _write(f"{path}/memory.memsw.limit_in_bytes", limit)
+            memsw = f"{path}/memory.memsw.limit_in_bytes"
+            if not os.path.exists(memsw):
+                ok &= _write(f"{path}/memory.limit_in_bytes", limit)
+            # memsw may never be below the plain limit: raise it first when growing,
+            # lower it last when shrinking.
+            elif _write(f"{path}/memory.limit_in_bytes", limit):
+                ok &= _write(memsw, limit)
+            else:
+                ok &= _write(memsw, limit) and _write(f"{path}/memory.limit_in_bytes", limit)
         elif ctrl == "pids":
-            _write(f"{path}/pids.max", res.pids)
+            ok &= _write(f"{path}/pids.max", res.pids)
         elif ctrl == "cpu":
-            _write(f"{path}/cpu.cfs_period_us", 100_000)
-            _write(f"{path}/cpu.cfs_quota_us", max(1000, int(res.cpu_count * 100_000)))
-    return paths
+            ok &= _write(f"{path}/cpu.cfs_period_us", 100_000)
+            ok &= _write(f"{path}/cpu.cfs_quota_us", max(1000, int(res.cpu_count * 100_000)))
+    return ok
+
+
+def cgroups_set_background(paths: dict[str, str], background: bool) -> None:
+    """Schedule the cgroup's tasks only when the CPU is otherwise idle (a warm jail
+    starting while sandboxes run), or normally again."""
+    path = paths.get("cpu")
+    if path is None:
+        return
+    if os.path.exists(f"{path}/cpu.idle"):
+        _write(f"{path}/cpu.idle", 1 if background else 0)
+    else:
+        _write(f"{path}/cpu.shares", 2 if background else 1024)
+
+
+def cgroups_reset_counters(paths: dict[str, str]) -> None:
+    """Zero the CPU and peak-memory counters, so a warm jail's start-up is not billed to
+    the sandbox that claims it."""
+    for ctrl, path in paths.items():
+        if ctrl == "cpuacct":
+            _write(f"{path}/cpuacct.usage", 0)
+        elif ctrl == "memory":
+            _write(f"{path}/memory.max_usage_in_bytes", 0)
 
 
 def cgroups_join(paths: dict[str, str], pid: int) -> None:
@@ -201,6 +241,9 @@ class JailState:
     resources: dict[str, float]
     slirp_pid: int = 0
     slirp_start_ticks: int = 0
+    pool_owner_pid: int = 0
+    """Non-zero while the jail is an unclaimed warm jail of that process (see pool.py)."""
+    pool_owner_ticks: int = 0
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -230,6 +273,13 @@ def start_ticks(pid: int) -> int | None:
 
 def jail_alive(state: JailState) -> bool:
     return state.jail_pid > 0 and start_ticks(state.jail_pid) == state.jail_start_ticks
+
+
+def pool_owner_alive(state: JailState) -> bool:
+    """Whether the jail is an unclaimed warm jail whose owning process still runs."""
+    return state.pool_owner_pid > 0 and (
+        start_ticks(state.pool_owner_pid) == state.pool_owner_ticks
+    )
 
 
 def kill_if_same(pid: int, ticks: int) -> None:

@@ -9,6 +9,9 @@ faster and works even when the jail has died.
 Every jail has its own network namespace; network=True attaches slirp4netns
 and a firewall to it (net.py). Everything a jail can write sits on a tmpfs of
 ``resources.disk_mb`` when Sandpit may mount one (volume.py).
+
+With ``warm_pool=N`` the provider keeps N idle jails started and `create`
+claims one of them when the sandbox needs no network (pool.py).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from sandboxes.providers.base import (
     SandboxStats,
 )
 from sandboxes.providers.local import jail, net, volume, wire
+from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
@@ -65,7 +69,11 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 class LocalProvider:
-    """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available."""
+    """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
+
+    `warm_pool` is how many idle jails to keep started for `create` to claim (0: none);
+    call `close()` to destroy them before dropping a provider that has some.
+    """
 
     name = "local"
     capabilities: frozenset[Capability] = frozenset(Capability)
@@ -75,6 +83,7 @@ class LocalProvider:
         root_dir: Path,
         bwrap_path: str = "bwrap",
         max_file_bytes: int = 50 * 1024 * 1024,
+        warm_pool: int = 0,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
@@ -91,6 +100,14 @@ class LocalProvider:
         self._bwraps: dict[str, subprocess.Popen[bytes]] = {}
         self._cpu_samples: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
+        self._pool = (
+            WarmPool(int(warm_pool), self._spawn_warm, self.destroy) if warm_pool > 0 else None
+        )
+
+    def close(self) -> None:
+        """Destroy the unclaimed warm jails and stop refilling (also done at exit)."""
+        if self._pool is not None:
+            self._pool.close()
 
     # ------------------------------------------------------------------ paths
 
@@ -112,7 +129,8 @@ class LocalProvider:
     # -------------------------------------------------------------- lifecycle
 
     def create(self, spec: SandboxSpec) -> SandboxHandle:
-        """Start the jail and return once its agent accepts connections (~25 ms)."""
+        """Start the jail and return once its agent accepts connections (~25 ms; ~1 ms
+        when a warm jail is claimed)."""
         if not _ID_RE.match(spec.sandbox_id):
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
         env = {str(k): str(v) for k, v in spec.env.items()}
@@ -128,13 +146,101 @@ class LocalProvider:
             sdir.mkdir(mode=0o700)
         except FileExistsError:
             raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
+        if self._pool is not None and not spec.network:
+            handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
+            if handle is not None:
+                return handle
         try:
             return self._start(spec, sdir, env)
         except BaseException:
             self._teardown(spec.sandbox_id, sdir, None)
             raise
 
-    def _start(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
+    def _spawn_warm(self) -> WarmJail:
+        """Start a warm jail for the pool: default resources, no sandbox environment, and
+        a configuration pipe whose write end stays with us (see pool.py)."""
+        me = os.getpid()
+        jail_id = pool_name(me, jail.start_ticks(me) or 0)
+        sdir = self.root_dir / jail_id
+        sdir.mkdir(mode=0o700)
+        config_r, config_w = os.pipe()
+        try:
+            self._start(SandboxSpec(sandbox_id=jail_id), sdir, {}, config_fd=config_r)
+        except BaseException:
+            os.close(config_w)
+            self._teardown(jail_id, sdir, None)
+            raise
+        finally:
+            os.close(config_r)
+        return WarmJail(jail_id, config_w)
+
+    def _adopt(
+        self, warm: WarmJail, spec: SandboxSpec, sdir: Path, env: dict[str, str]
+    ) -> SandboxHandle:
+        """Turn `warm` into sandbox `spec`, whose empty directory `sdir` is reserved.
+        On failure `sdir` is left empty again and the caller destroys the warm jail."""
+        jail_id = warm.jail_id
+        wdir = self.root_dir / jail_id
+        state = jail.JailState.load(wdir / "state.json")
+        if state is None or not jail.jail_alive(state):
+            raise ProviderUnavailable(f"warm jail {jail_id} is gone")
+        res = spec.resources
+        if self._disk_quota:
+            volume.resize(wdir, res.disk_mb)
+        if not jail.cgroups_set_limits(state.cgroups, res):
+            raise ProviderUnavailable(f"cannot apply the limits to warm jail {jail_id}")
+        jail.cgroups_set_background(state.cgroups, False)
+        jail.cgroups_reset_counters(state.cgroups)
+        rlimits = jail.rlimits(res, with_cgroup_memory="memory" in state.cgroups)
+        config = json.dumps({"env": env, "rlimits": rlimits}).encode()
+        try:  # the agent reads it when the first request arrives, so it must fit the pipe
+            os.set_blocking(warm.config_fd, False)
+            written = os.write(warm.config_fd, config)
+        except BlockingIOError:
+            written = 0
+        finally:
+            warm.close_config()
+        if written != len(config):
+            raise ProviderError("the sandbox environment is too large for a warm jail")
+        # Replaces the empty directory create() reserved. Mounts below wdir move along;
+        # the jail sees its own copies of them, so nothing inside notices.
+        os.rename(wdir, sdir)
+        with self._lock:
+            proc = self._bwraps.pop(jail_id, None)
+            if proc is not None:
+                self._bwraps[spec.sandbox_id] = proc
+        created = time.time()
+        state.sandbox_id = spec.sandbox_id
+        state.created_at = created
+        state.timeout_s = spec.timeout_s
+        state.labels = dict(spec.labels)
+        state.resources = dict(res.__dict__)
+        state.pool_owner_pid = state.pool_owner_ticks = 0
+        try:
+            state.save(sdir / "state.json")
+        except BaseException:
+            self._teardown(spec.sandbox_id, sdir, state)
+            sdir.mkdir(mode=0o700, exist_ok=True)
+            raise
+        return SandboxHandle(
+            provider=self.name,
+            provider_id=spec.sandbox_id,
+            state=SandboxState.RUNNING,
+            created_at=datetime.fromtimestamp(created, tz=UTC),
+            labels=dict(spec.labels),
+        )
+
+    def _start(
+        self,
+        spec: SandboxSpec,
+        sdir: Path,
+        env: dict[str, str],
+        *,
+        config_fd: int | None = None,
+    ) -> SandboxHandle:
+        """Start a jail for `spec` in `sdir`. With `config_fd` it is a warm jail: its
+        agent takes its configuration from that pipe (see pool.py)."""
+        warm = config_fd is not None
         res = spec.resources
         if self._disk_quota:
             try:
@@ -147,6 +253,8 @@ class LocalProvider:
             for sub in volume.SUBDIRS:
                 (sdir / sub).mkdir(mode=0o755)
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
+        if warm:  # let it start without slowing the sandboxes in use
+            jail.cgroups_set_background(cgroups, True)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         ready_r, ready_w = os.pipe()
@@ -154,6 +262,7 @@ class LocalProvider:
             "socket": jail.JAIL_SOCKET,
             "ready_fd": ready_w,
             "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
+            "config_fd": config_fd,
         }
         argv = jail.bwrap_argv(
             bwrap=self.bwrap_path,
@@ -172,7 +281,7 @@ class LocalProvider:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                pass_fds=(info_w, block_r, ready_w),
+                pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -214,6 +323,8 @@ class LocalProvider:
                 resources=dict(res.__dict__),
                 slirp_pid=slirp.pid if slirp else 0,
                 slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
+                pool_owner_pid=os.getpid() if warm else 0,
+                pool_owner_ticks=(jail.start_ticks(os.getpid()) or 0) if warm else 0,
             ).save(sdir / "state.json")
             deadline = time.monotonic() + CREATE_TIMEOUT_S
             if not _read_ready(ready_r, deadline):
@@ -274,8 +385,11 @@ class LocalProvider:
             os.close(ready_w)
         return slirp, ready_r, firewall
 
-    def _handle(self, provider_id: str, *, ping: bool) -> SandboxHandle:
-        _, state = self._state(provider_id)
+    def _handle(
+        self, provider_id: str, *, ping: bool, state: jail.JailState | None = None
+    ) -> SandboxHandle:
+        if state is None:
+            _, state = self._state(provider_id)
         running = jail.jail_alive(state)
         if running and ping:
             try:
@@ -295,15 +409,24 @@ class LocalProvider:
         return self._handle(provider_id, ping=True)
 
     def list(self) -> list[SandboxHandle]:
-        """Every sandbox directory under root_dir, including ones whose jail died."""
+        """Every sandbox directory under root_dir, including ones whose jail died, and
+        the unclaimed warm jails of processes that died (never those of a live one)."""
         out = []
         for entry in sorted(os.listdir(self.root_dir)):
             if entry.startswith(".") or not _ID_RE.match(entry):
                 continue
+            state = jail.JailState.load(self.root_dir / entry / "state.json")
+            if jail.pool_owner_alive(state) if state is not None else owner_alive(entry):
+                continue
             try:
-                out.append(self._handle(entry, ping=True))
+                if state is None:
+                    raise SandboxGone(entry)
+                out.append(self._handle(entry, ping=True, state=state))
             except SandboxGone:
-                created = (self.root_dir / entry).stat().st_mtime
+                try:
+                    created = (self.root_dir / entry).stat().st_mtime
+                except FileNotFoundError:  # destroyed (or claimed) meanwhile
+                    continue
                 out.append(
                     SandboxHandle(
                         provider=self.name,

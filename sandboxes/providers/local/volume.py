@@ -21,6 +21,7 @@ sandboxes only have the per-file limit.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from pathlib import Path
 
@@ -30,6 +31,7 @@ MIN_INODES = 1024
 
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
+_MS_REMOUNT = 0x20
 _MS_BIND = 0x1000
 _MNT_DETACH = 0x2
 _UMOUNT_NOFOLLOW = 0x8
@@ -83,10 +85,11 @@ def create(sandbox_dir: Path, disk_mb: int) -> None:
     """
     vol = sandbox_dir / "vol"
     vol.mkdir(mode=0o700)
-    size = max(1, int(disk_mb))
-    inodes = max(MIN_INODES, size * 1024 * 1024 // BYTES_PER_INODE)
+    size, inodes = _options(disk_mb)
+    # One source name for every volume: the jail sees it in /proc/mounts, and a warm
+    # jail's would otherwise name the pool rather than the sandbox.
     _mount(
-        f"sandpit-{sandbox_dir.name}",
+        "sandpit",
         vol,
         "tmpfs",
         _MS_NOSUID | _MS_NODEV,
@@ -96,6 +99,31 @@ def create(sandbox_dir: Path, disk_mb: int) -> None:
         (vol / sub).mkdir(mode=0o755)
         (sandbox_dir / sub).mkdir(mode=0o755)
         _mount(str(vol / sub), sandbox_dir / sub, None, _MS_BIND, None)
+
+
+def _options(disk_mb: int) -> tuple[int, int]:
+    size = max(1, int(disk_mb))
+    return size, max(MIN_INODES, size * 1024 * 1024 // BYTES_PER_INODE)
+
+
+def resize(sandbox_dir: Path, disk_mb: int) -> None:
+    """Give the sandbox's tmpfs a new size (a warm jail being claimed; ~20 µs).
+
+    Raises OSError when the volume already holds more than the new size (or more
+    files than its inode count); the volume is unchanged then.
+    """
+    vol = sandbox_dir / "vol"
+    size, inodes = _options(disk_mb)
+    st = os.statvfs(vol)
+    if (st.f_blocks - st.f_bfree) * st.f_frsize > size * 1024 * 1024:
+        raise OSError(errno.ENOSPC, f"{vol} holds more than {size} MiB")
+    _mount(
+        "sandpit",
+        vol,
+        None,
+        _MS_REMOUNT | _MS_NOSUID | _MS_NODEV,
+        f"size={size}m,nr_inodes={inodes}",
+    )
 
 
 def remove(sandbox_dir: Path) -> None:

@@ -1,0 +1,211 @@
+"""A pool of pre-started, idle jails that `LocalProvider.create` claims instead of
+starting one (~1 ms instead of ~25 ms).
+
+A warm jail is an ordinary jail started with default resources, no sandbox
+environment and a pool name, ``warm-<owner pid>-<owner start ticks>-<random>``.
+Claiming it (LocalProvider._adopt) rewrites its cgroup limits, resizes its
+tmpfs, writes the sandbox's environment and rlimits on a pipe only this
+process holds (the agent applies them before its first request: see
+``await_config`` in agent.py), renames its directory to the sandbox id and
+rewrites state.json. Afterwards nothing tells it from a jail started cold.
+
+Ownership: each process has its own pool and records itself, in the directory
+name and in state.json, as the owner of its unclaimed jails. `list()` hides
+those while the owner runs (the reconciler would destroy them as orphans) and
+shows them once it has died, so the reconciler cleans up after a crash.
+`close()` (also run at exit) destroys the unclaimed ones. After fork() the
+child starts with an empty pool of its own: the parent's jails stay the parent's.
+
+One daemon thread per pool refills it, one jail at a time, so refilling never
+competes with a burst of creates for more than one core.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sandboxes.providers.local import jail
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PREFIX = "warm-"
+_CLOSE_WAIT_S = 10.0
+_MAX_BACKOFF_S = 30.0
+
+
+def pool_name(owner_pid: int, owner_ticks: int) -> str:
+    """A fresh directory name for a warm jail owned by `owner_pid`."""
+    return f"{PREFIX}{owner_pid}-{owner_ticks}-{uuid.uuid4().hex[:16]}"
+
+
+def owner_alive(name: str) -> bool:
+    """Whether `name` is a warm jail's directory name and its owning process still runs."""
+    if not name.startswith(PREFIX):
+        return False
+    try:
+        pid_s, ticks_s, _ = name[len(PREFIX) :].split("-", 2)
+        pid, ticks = int(pid_s), int(ticks_s)
+    except ValueError:
+        return False
+    return pid > 0 and jail.start_ticks(pid) == ticks
+
+
+@dataclass
+class WarmJail:
+    """An unclaimed jail: its id and the write end of its configuration pipe."""
+
+    jail_id: str
+    config_fd: int
+
+    def close_config(self) -> None:
+        """Close the configuration pipe (idempotent); the agent then reads EOF."""
+        if self.config_fd >= 0:
+            fd, self.config_fd = self.config_fd, -1
+            os.close(fd)
+
+
+class WarmPool:
+    """Up to `size` idle jails made by `spawn()`, thread-safe.
+
+    `claim(adopt)` pops one and calls `adopt(warm)`; a jail is handed to one
+    caller only. `destroy(jail_id)` removes a jail that will never be claimed.
+    """
+
+    def __init__(
+        self, size: int, spawn: Callable[[], WarmJail], destroy: Callable[[str], object]
+    ) -> None:
+        self.size = size
+        self._spawn = spawn
+        self._destroy = destroy
+        self._reset()
+        ref = weakref.ref(self)
+        atexit.register(_close_at_exit, ref)
+        os.register_at_fork(after_in_child=lambda: _reset_after_fork(ref))
+        self._wake()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle: list[WarmJail] = []
+        self._starting = 0
+        self._closed = False
+        self._failures = 0
+        self._thread: threading.Thread | None = None
+
+    def idle_count(self) -> int:
+        """Unclaimed jails ready now."""
+        with self._cond:
+            return len(self._idle)
+
+    def wait_full(self, timeout_s: float) -> bool:
+        """Block until the pool holds `size` idle jails; False after `timeout_s`."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._idle) >= self.size, timeout_s)
+
+    def claim(self, adopt: Callable[[WarmJail], T]) -> T | None:
+        """`adopt(warm)` on an idle jail; None when the pool is empty or adopting
+        failed (the jail is destroyed then and the caller should start one cold)."""
+        with self._cond:
+            if self._closed or not self._idle:
+                self._wake_locked()
+                return None
+            warm = self._idle.pop(0)
+        try:
+            return adopt(warm)
+        except Exception:  # noqa: BLE001 - any failure means "start it cold instead"
+            logger.warning("could not claim warm jail %s", warm.jail_id, exc_info=True)
+            self._destroy_quietly(warm)
+            return None
+        finally:
+            # Refill only now: starting a jail meanwhile would slow this claim down.
+            self._wake()
+
+    def close(self) -> None:
+        """Stop refilling and destroy every unclaimed jail. Idempotent."""
+        with self._cond:
+            if self._pid != os.getpid():  # a forked child's copy owns nothing
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_CLOSE_WAIT_S)
+        for warm in idle:
+            self._destroy_quietly(warm)
+
+    # ------------------------------------------------------------------ refill
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._closed or self.size <= 0:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="sandpit-local-warm-pool", daemon=True
+            )
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: self._closed or len(self._idle) + self._starting < self.size
+                )
+                if self._closed:
+                    return
+                self._starting += 1
+            warm = None
+            try:
+                warm = self._spawn()
+            except Exception:  # noqa: BLE001 - keep the thread; creates fall back to cold
+                logger.warning("could not start a warm jail", exc_info=True)
+            with self._cond:
+                self._starting -= 1
+                closed = self._closed
+                if warm is not None and not closed:
+                    self._idle.append(warm)
+                    self._failures = 0
+                    self._cond.notify_all()
+                elif warm is None:
+                    self._failures += 1
+                failures = self._failures
+            if warm is not None and closed:
+                self._destroy_quietly(warm)
+            if failures:  # back off so a broken host does not spin a core
+                time.sleep(min(_MAX_BACKOFF_S, 0.1 * 2**failures))
+
+    def _destroy_quietly(self, warm: WarmJail) -> None:
+        try:
+            warm.close_config()
+            self._destroy(warm.jail_id)
+        except Exception:  # noqa: BLE001 - best effort; the reconciler is the backstop
+            logger.warning("could not destroy warm jail %s", warm.jail_id, exc_info=True)
+
+
+def _close_at_exit(ref: weakref.ref[WarmPool]) -> None:
+    pool = ref()
+    if pool is not None:
+        pool.close()
+
+
+def _reset_after_fork(ref: weakref.ref[WarmPool]) -> None:
+    pool = ref()
+    if pool is not None:
+        for warm in pool._idle:  # the parent's: holding them would delay their EOF
+            warm.close_config()
+        pool._reset()
