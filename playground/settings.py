@@ -253,6 +253,8 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
     "SANDPIT_DEFAULT_PROVIDER", SANDPIT_PROVIDERS[0] if SANDPIT_PROVIDERS else "local"
 )
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
+# Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
+SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 2)
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 SANDPIT_INSTALLATION = env_str("SANDPIT_INSTALLATION", "default")
 SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 10)

@@ -101,6 +101,7 @@ def local_sandboxes(settings):  # type: ignore[no-untyped-def]
     settings.SANDPIT_DEFAULT_PROVIDER = "local"
     root = Path(tempfile.mkdtemp(prefix="sp-"))
     settings.SANDPIT_LOCAL_ROOT = root
+    settings.SANDPIT_LOCAL_WARM_POOL = 0  # a provider per test; the pool has its own tests
     reset_providers()
     provider = get_provider("local")
     yield provider

@@ -51,8 +51,8 @@ from sandboxes.providers.base import (
     SandboxStats,
 )
 from sandboxes.providers.local import jail, net, volume, wire
-from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
+from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
 from sandboxes.providers.local.wire import LocalPortStream, LocalPtySession
@@ -290,6 +290,10 @@ class LocalProvider:
             log.close()
             for fd in (info_w, block_r, ready_w):
                 os.close(fd)
+        if warm and "cpu" in cgroups:
+            # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
+            # has not cloned the jail yet, and the jail joins this cgroup anyway.
+            jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
         REAPER.watch(proc)
         with self._lock:
             for sid, old in list(self._bwraps.items()):
@@ -416,7 +420,9 @@ class LocalProvider:
             if entry.startswith(".") or not _ID_RE.match(entry):
                 continue
             state = jail.JailState.load(self.root_dir / entry / "state.json")
-            if jail.pool_owner_alive(state) if state is not None else owner_alive(entry):
+            # Another process's (or our own) idle warm jail, possibly still starting.
+            idle_warm = jail.pool_owner_alive(state) if state else owner_alive(entry)
+            if idle_warm:
                 continue
             try:
                 if state is None:

@@ -1,0 +1,442 @@
+"""LocalProvider with a warm pool: a claimed jail behaves like one started cold, the
+pool belongs to one process, and nothing is left behind.
+
+Real bubblewrap, real cgroups, no mocks (one test injects a failed claim).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.providers.base import (
+    Capability,
+    ExecRequest,
+    ExecResult,
+    InvalidRequest,
+    Resources,
+    SandboxSpec,
+    SandboxState,
+)
+from sandboxes.providers.local import LocalProvider, jail
+from sandboxes.providers.local.pool import PREFIX
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+MakeSandbox = Callable[..., str]
+
+
+@pytest.fixture(scope="module")
+def warm_provider(tmp_path_factory) -> Iterator[LocalProvider]:  # type: ignore[no-untyped-def]
+    provider = LocalProvider(root_dir=tmp_path_factory.mktemp("warm-sandboxes"), warm_pool=2)
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
+def make_warm(warm_provider) -> Iterator[MakeSandbox]:  # type: ignore[no-untyped-def]
+    """Create sandboxes that claim a warm jail (the pool is full before each create)."""
+    created: list[str] = []
+
+    def make(**spec_kw) -> str:  # type: ignore[no-untyped-def]
+        assert warm_provider._pool.wait_full(30), "the warm pool did not fill"
+        handle = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex, **spec_kw))
+        created.append(handle.provider_id)
+        assert _was_warm(warm_provider, handle.provider_id)
+        return handle.provider_id
+
+    yield make
+    for provider_id in created:
+        warm_provider.destroy(provider_id)
+
+
+def _state(provider: LocalProvider, provider_id: str) -> dict:
+    return json.loads((provider.root_dir / provider_id / "state.json").read_text())
+
+
+def _was_warm(provider: LocalProvider, provider_id: str) -> bool:
+    """Claimed jails keep the cgroups they were started in, named after the pool jail."""
+    return all(f"/{PREFIX}" in path for path in _state(provider, provider_id)["cgroups"].values())
+
+
+def _pool_dirs(root: Path) -> set[str]:
+    return {entry for entry in os.listdir(root) if entry.startswith(PREFIX)}
+
+
+def sh(provider: LocalProvider, sandbox: str, command: str, **kw) -> ExecResult:  # type: ignore[no-untyped-def]
+    return provider.exec(sandbox, ExecRequest(command=command, timeout_s=30, **kw))
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------
+# claiming
+# ---------------------------------------------------------------------------
+
+
+def test_create_claims_a_warm_jail_quickly_and_the_pool_refills(warm_provider, make_warm):
+    assert warm_provider._pool.wait_full(30)
+    started = time.perf_counter()
+    sandbox = make_warm(labels={"k": "v"})
+    # generous: ~1 ms on an idle machine, CI machines are loaded
+    assert time.perf_counter() - started < 0.5
+    state = _state(warm_provider, sandbox)
+    assert state["sandbox_id"] == sandbox
+    assert state["labels"] == {"k": "v"}
+    assert state["pool_owner_pid"] == 0
+    assert warm_provider.get(sandbox).state == SandboxState.RUNNING
+    assert warm_provider._pool.wait_full(30)
+    assert len(_pool_dirs(warm_provider.root_dir)) == 2
+
+
+def test_claimed_jail_runs_commands_files_and_processes(warm_provider, make_warm):
+    sandbox = make_warm()
+    result = sh(warm_provider, sandbox, "echo out; echo err >&2; pwd; exit 3")
+    assert (result.stdout, result.stderr, result.exit_code) == (b"out\n/workspace\n", b"err\n", 3)
+    warm_provider.write_file(sandbox, "dir/a.txt", b"hello")
+    assert sh(warm_provider, sandbox, "cat dir/a.txt").stdout == b"hello"
+    sh(warm_provider, sandbox, "echo made > b.txt")
+    assert warm_provider.read_file(sandbox, "b.txt") == b"made\n"
+    assert {e.name for e in warm_provider.list_files(sandbox, ".")} >= {"dir", "b.txt"}
+    proc = warm_provider.start_process(sandbox, "sleep", args=["1000"])
+    assert proc.pid in {p.pid for p in warm_provider.list_processes(sandbox) if p.running}
+    assert warm_provider.run_code(sandbox, "print(6 * 7)", "python").stdout == b"42\n"
+
+
+def test_spec_env_reaches_exec_processes_and_terminals(warm_provider, make_warm):
+    sandbox = make_warm(env={"GREETING": "hello warm", "HOME": "/tmp"})
+    assert sh(warm_provider, sandbox, 'echo "$GREETING $HOME $USER"').stdout == (
+        b"hello warm /tmp sandbox\n"
+    )
+    overridden = sh(warm_provider, sandbox, "echo $GREETING", env={"GREETING": "request"})
+    assert overridden.stdout == b"request\n"
+    warm_provider.start_process(sandbox, "sh", args=["-c", 'echo "$GREETING" > from-process'])
+    _wait(lambda: warm_provider.exists(sandbox, "from-process"))
+    _wait(lambda: warm_provider.read_file(sandbox, "from-process") == b"hello warm\n")
+    pty = warm_provider.open_pty(sandbox)
+    try:
+        pty.write(b'echo "[$GREETING]"\n')
+        seen = b""
+        end = time.monotonic() + 10
+        while b"[hello warm]" not in seen:
+            assert time.monotonic() < end, seen
+            select.select([pty.fileno()], [], [], 0.5)
+            try:
+                seen += pty.read()
+            except BlockingIOError:
+                continue
+    finally:
+        pty.close()
+
+
+def test_other_sandboxes_do_not_inherit_a_claimed_jails_env(warm_provider, make_warm):
+    make_warm(env={"ONLY_MINE": "1"})
+    other = make_warm()
+    assert sh(warm_provider, other, "echo ${ONLY_MINE:-unset}").stdout == b"unset\n"
+
+
+def test_claim_applies_the_specs_resources(warm_provider, make_warm):
+    res = Resources(memory_mb=96, cpu_count=0.5, pids=40, disk_mb=24, open_files=77)
+    sandbox = make_warm(resources=res)
+    assert sh(warm_provider, sandbox, "ulimit -n; ulimit -f").stdout == (
+        f"77\n{24 * MIB // 512}\n".encode()
+    )
+    cgroups = _state(warm_provider, sandbox)["cgroups"]
+    if "memory" in cgroups:
+        limit = jail.read_text(f"{cgroups['memory']}/memory.limit_in_bytes")
+        assert int(limit or 0) == 96 * MIB
+    if "pids" in cgroups:
+        assert (jail.read_text(f"{cgroups['pids']}/pids.max") or "").strip() == "40"
+    if "cpu" in cgroups:
+        assert int(jail.read_text(f"{cgroups['cpu']}/cpu.cfs_quota_us") or 0) == 50_000
+        idle = jail.read_text(f"{cgroups['cpu']}/cpu.idle")
+        assert idle is None or idle.strip() == "0"
+    if os.geteuid() == 0:  # the workspace tmpfs was resized
+        st = os.statvfs(warm_provider.root_dir / sandbox / "workspace")
+        assert st.f_blocks * st.f_frsize == 24 * MIB
+    assert _state(warm_provider, sandbox)["resources"]["memory_mb"] == 96
+
+
+def test_memory_bomb_in_a_claimed_jail_is_killed(warm_provider, make_warm):
+    sandbox = make_warm(resources=Resources(memory_mb=64))
+    code = "chunks = []\nwhile True:\n    chunks.append(b'x' * 20_000_000)\n"
+    result = warm_provider.run_code(sandbox, code, "python", timeout_s=60)
+    assert result.exit_code == -9
+    assert result.oom_killed
+    assert not result.timed_out
+    assert sh(warm_provider, sandbox, "echo recovered").stdout == b"recovered\n"
+
+
+def test_disk_mb_of_a_claimed_jail_is_honoured(warm_provider, make_warm):
+    sandbox = make_warm(resources=Resources(disk_mb=8))
+    result = sh(warm_provider, sandbox, "dd if=/dev/zero of=big bs=1M count=100")
+    assert result.exit_code != 0
+    assert warm_provider.stat(sandbox, "big").size <= 8 * MIB
+    if os.geteuid() == 0:  # the volume, not just the per-file limit
+        many = "for i in $(seq 1 20); do head -c 1048576 /dev/zero > /tmp/f$i || exit 1; done"
+        assert sh(warm_provider, sandbox, f"rm -f big; {many}").exit_code != 0
+        assert warm_provider.stats(sandbox).disk_bytes <= 8 * MIB
+
+
+def test_stats_of_a_claimed_jail_start_at_the_claim(warm_provider, make_warm):
+    sandbox = make_warm()
+    stats = warm_provider.stats(sandbox)
+    assert 0 <= stats.uptime_s < 5
+    assert 0 <= stats.cpu_percent < 400
+    assert stats.process_count == 0
+
+
+def test_destroying_a_claimed_jail_cleans_everything(warm_provider, make_warm):
+    sandbox = make_warm()
+    warm_provider.start_process(sandbox, "sleep", args=["1000"])
+    root = warm_provider.root_dir
+    state = _state(warm_provider, sandbox)
+    assert warm_provider.destroy(sandbox)
+    assert not (root / sandbox).exists()
+    for path in state["cgroups"].values():
+        assert not os.path.exists(path)
+    assert jail.start_ticks(state["jail_pid"]) != state["jail_start_ticks"]
+    with open("/proc/mounts") as f:
+        assert str(root / sandbox) not in f.read()
+    assert warm_provider.destroy(sandbox) is False
+
+
+def test_list_shows_claimed_jails_and_hides_our_idle_ones(warm_provider, make_warm):
+    sandbox = make_warm()
+    assert warm_provider._pool.wait_full(30)
+    listed = {h.provider_id for h in warm_provider.list()}
+    assert sandbox in listed
+    assert not any(pid.startswith(PREFIX) for pid in listed)
+
+
+def test_duplicate_sandbox_id_is_refused_without_spending_a_warm_jail(warm_provider, make_warm):
+    sandbox = make_warm()
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    with pytest.raises(InvalidRequest):
+        warm_provider.create(SandboxSpec(sandbox_id=sandbox))
+    assert _pool_dirs(warm_provider.root_dir) == before
+    assert sh(warm_provider, sandbox, "echo still").stdout == b"still\n"
+
+
+def test_networked_sandbox_is_started_cold(warm_provider):
+    if Capability.NETWORK not in warm_provider.capabilities:
+        pytest.skip("network=True needs slirp4netns and nftables")
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    handle = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True))
+    try:
+        assert not _was_warm(warm_provider, handle.provider_id)
+        assert _pool_dirs(warm_provider.root_dir) == before
+    finally:
+        warm_provider.destroy(handle.provider_id)
+
+
+def test_concurrent_creates_never_share_a_jail(warm_provider):
+    assert warm_provider._pool.wait_full(30)
+    ids: list[str] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            ids.append(warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    try:
+        assert not errors
+        assert len(ids) == 6
+        assert sum(_was_warm(warm_provider, sid) for sid in ids) >= 1
+        jail_pids = {_state(warm_provider, sid)["jail_pid"] for sid in ids}
+        assert len(jail_pids) == 6
+        for sid in ids:
+            warm_provider.write_file(sid, "me", sid.encode())
+        for sid in ids:
+            assert sh(warm_provider, sid, "cat me").stdout == sid.encode()
+    finally:
+        for sid in ids:
+            warm_provider.destroy(sid)
+
+
+def test_a_failed_claim_falls_back_to_a_cold_start(warm_provider, monkeypatch):
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    set_limits = jail.cgroups_set_limits
+
+    def refuse_warm(paths: dict[str, str], res: Resources) -> bool:
+        warm = any(f"/{PREFIX}" in path for path in paths.values())
+        return not warm and set_limits(paths, res)
+
+    monkeypatch.setattr(jail, "cgroups_set_limits", refuse_warm)
+    handle = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex, env={"A": "b"}))
+    monkeypatch.undo()
+    try:
+        assert not _was_warm(warm_provider, handle.provider_id)
+        assert sh(warm_provider, handle.provider_id, "echo $A").stdout == b"b\n"
+        # the warm jail that could not be claimed was destroyed
+        assert len(before - _pool_dirs(warm_provider.root_dir)) == 1
+    finally:
+        warm_provider.destroy(handle.provider_id)
+
+
+# ---------------------------------------------------------------------------
+# ownership: one process's pool, cleaned up by close(), exit, or the reconciler
+# ---------------------------------------------------------------------------
+
+
+def test_close_destroys_unclaimed_jails(tmp_path):
+    provider = LocalProvider(root_dir=tmp_path, warm_pool=2)
+    assert provider._pool is not None
+    assert provider._pool.wait_full(30)
+    states = [_state(provider, name) for name in _pool_dirs(tmp_path)]
+    assert len(states) == 2
+    provider.close()
+    assert _pool_dirs(tmp_path) == set()
+    for state in states:
+        assert all(not os.path.exists(path) for path in state["cgroups"].values())
+        assert jail.start_ticks(state["jail_pid"]) != state["jail_start_ticks"]
+    handle = provider.create(SandboxSpec(sandbox_id="after-close"))  # cold from now on
+    try:
+        assert not _was_warm(provider, handle.provider_id)
+    finally:
+        provider.destroy(handle.provider_id)
+    assert _pool_dirs(tmp_path) == set()
+
+
+_OWNER = """
+import os, sys
+from pathlib import Path
+from sandboxes.providers.local import LocalProvider
+provider = LocalProvider(Path(sys.argv[1]), warm_pool=2)
+assert provider._pool.wait_full(30)
+print("full", flush=True)
+if sys.stdin.readline().strip() == "crash":
+    os._exit(0)  # no atexit: as if the worker were killed
+"""
+
+
+def _owner(root: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", _OWNER, str(root)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "full"
+    return proc
+
+
+def test_another_live_processs_pool_is_hidden_then_reaped_when_it_dies(tmp_path):
+    owner = _owner(tmp_path)
+    provider = LocalProvider(root_dir=tmp_path)
+    try:
+        pool = _pool_dirs(tmp_path)
+        assert len(pool) == 2
+        assert provider.list() == []
+        owner.kill()
+        owner.wait(30)
+        listed = {h.provider_id: h for h in provider.list()}
+        assert set(listed) == pool  # the reconciler destroys these as orphans
+        assert all(not h.labels for h in listed.values())
+        for provider_id in pool:
+            assert provider.destroy(provider_id)
+        assert _pool_dirs(tmp_path) == set()
+        assert provider.list() == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(30)
+        for name in _pool_dirs(tmp_path):
+            provider.destroy(name)
+
+
+def test_a_crashed_owners_jails_stop_waiting_for_their_configuration(tmp_path):
+    owner = _owner(tmp_path)
+    assert owner.stdin is not None
+    owner.stdin.write("crash\n")
+    owner.stdin.close()
+    owner.wait(30)
+    provider = LocalProvider(root_dir=tmp_path)
+    try:
+        handles = provider.list()
+        assert len(handles) == 2
+        # the agent saw EOF on its configuration pipe and answers with its defaults
+        assert {h.state for h in handles} == {SandboxState.RUNNING}
+    finally:
+        for name in _pool_dirs(tmp_path):
+            provider.destroy(name)
+
+
+def test_clean_exit_destroys_the_pool(tmp_path):
+    owner = _owner(tmp_path)
+    assert owner.stdin is not None
+    owner.stdin.write("exit\n")
+    owner.stdin.close()
+    assert owner.wait(30) == 0
+    assert _pool_dirs(tmp_path) == set()
+
+
+def test_a_forked_child_does_not_claim_its_parents_jails(warm_provider):
+    assert warm_provider._pool.wait_full(30)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            code = 0 if warm_provider._pool.idle_count() == 0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert warm_provider._pool.idle_count() == 2
+    sandbox = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    try:
+        assert _was_warm(warm_provider, sandbox)
+        assert sh(warm_provider, sandbox, "echo parent").stdout == b"parent\n"
+    finally:
+        warm_provider.destroy(sandbox)
+
+
+def test_user_code_cannot_reach_the_configuration_pipe(warm_provider, make_warm):
+    sandbox = make_warm()
+    # Only the agent's socket and standard descriptors: the pipe was read and closed
+    # before the first command ran, and never inherited.
+    fds = sh(warm_provider, sandbox, "ls /proc/1/fd /proc/self/fd 2>&1").stdout.decode()
+    agent_fds, own_fds = fds.split("/proc/self/fd:")
+    cold = LocalProvider(root_dir=warm_provider.root_dir)
+    other = cold.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    try:
+        cold_fds = sh(cold, other, "ls /proc/1/fd /proc/self/fd 2>&1").stdout.decode()
+    finally:
+        cold.destroy(other)
+    assert len(agent_fds.split()) == len(cold_fds.split("/proc/self/fd:")[0].split())
+    assert own_fds.split() == cold_fds.split("/proc/self/fd:")[1].split()
+
+
+def test_signals_do_not_reach_the_agent_of_a_claimed_jail(warm_provider, make_warm):
+    sandbox = make_warm()
+    sh(warm_provider, sandbox, f"kill -9 1; kill -{int(signal.SIGTERM)} 1; kill -9 -1")
+    assert sh(warm_provider, sandbox, "echo alive").stdout == b"alive\n"
