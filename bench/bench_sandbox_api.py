@@ -64,7 +64,10 @@ def floors(provider: str, runs: int) -> dict[str, list[float]]:
         return {
             "raw bwrap spawn `python3 -c pass`": timed(
                 lambda: subprocess.run([*BWRAP, "python3", "-c", "pass"], check=True), runs
-            )
+            ),
+            "raw bwrap spawn `true`": timed(
+                lambda: subprocess.run([*BWRAP, "true"], check=True), runs
+            ),
         }
     image = "sandpit-sandbox:latest"
     out = {

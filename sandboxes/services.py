@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import signal as signal_module
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.authentication import Principal
@@ -60,6 +61,21 @@ def require_capability(provider: SandboxProvider, capability: Capability) -> Non
         )
 
 
+@contextmanager
+def fast_commit() -> Iterator[None]:
+    """A transaction whose COMMIT does not wait for the WAL flush (PostgreSQL).
+
+    For sandbox bookkeeping only, never for money: a database crash may lose the last few
+    milliseconds of state changes, and the reconciler repairs exactly that (a resource with
+    no live row is destroyed, a live row with no resource becomes error). Saves an fsync
+    (1-2 ms here) on every create and destroy."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        yield
+
+
 def sandbox_transition(
     sandbox: Sandbox, to: str, *, where: Mapping[str, Any] | None = None, **fields: Any
 ) -> bool:
@@ -67,9 +83,10 @@ def sandbox_transition(
     Conditional UPDATE, so two workers racing on one sandbox cannot both win. Returns
     whether this call won."""
     allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
-    updated = Sandbox.objects.filter(
-        pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
-    ).update(state=to, **fields)
+    with fast_commit():
+        updated = Sandbox.objects.filter(
+            pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
+        ).update(state=to, **fields)
     if updated:
         sandbox.state = to
         for name, value in fields.items():
@@ -166,7 +183,7 @@ def sandbox_create(
     resolved = resources_from_request(resources)
     now = timezone.now()
     limit = max_concurrent_sandboxes(organization)
-    with transaction.atomic():
+    with fast_commit():
         # Lock the organization row briefly so two creates cannot both pass the limit.
         Organization.objects.select_for_update().filter(pk=organization.pk).first()
         live = Sandbox.objects.filter(organization=organization, state__in=LIVE_STATES).count()
