@@ -91,7 +91,8 @@ class WarmPool:
         ref = weakref.ref(self)
         atexit.register(_close_at_exit, ref)
         os.register_at_fork(after_in_child=lambda: _reset_after_fork(ref))
-        self._wake()
+        # Filled lazily, from the first claim on: processes that never create sandboxes
+        # (Celery workers reaping, management commands) keep no idle jails.
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -110,6 +111,7 @@ class WarmPool:
     def wait_full(self, timeout_s: float) -> bool:
         """Block until the pool holds `size` idle jails; False after `timeout_s`."""
         with self._cond:
+            self._wake_locked()
             return self._cond.wait_for(lambda: len(self._idle) >= self.size, timeout_s)
 
     def claim(self, adopt: Callable[[WarmJail], T]) -> T | None:

@@ -10,7 +10,7 @@ Every jail has its own network namespace; network=True attaches slirp4netns
 and a firewall to it (net.py). Everything a jail can write sits on a tmpfs of
 ``resources.disk_mb`` when Sandpit may mount one (volume.py).
 
-With ``warm_pool=N`` the provider keeps N idle jails started and `create`
+With ``warm_pool=N`` the provider keeps N idle jails started (from its first create on) and `create`
 claims one of them when the sandbox needs no network (pool.py).
 """
 
