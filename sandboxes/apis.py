@@ -30,7 +30,7 @@ from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
 from . import serializers as s
 from . import services
 from .models import Sandbox
-from .providers import configured_provider_names, get_provider
+from .providers import configured_provider_names, get_provider, resolve_provider_name
 from .providers.base import ProviderError
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
 
@@ -179,7 +179,9 @@ class SandboxListApi(MeteredApi):
         data = _validated(s.SandboxCreateInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
-        provider_name = data.get("provider") or settings.SANDPIT_DEFAULT_PROVIDER
+        provider_name = resolve_provider_name(
+            data.get("provider") or settings.SANDPIT_DEFAULT_PROVIDER
+        )
         if provider_name not in configured_provider_names():
             raise ApplicationError(
                 f"Unknown or disabled provider '{provider_name}'. Enabled: "

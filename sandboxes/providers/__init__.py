@@ -1,50 +1,158 @@
-"""Provider registry: builds each configured provider once per process from settings."""
+"""Provider registry: builds each configured provider once per process from settings.
+
+SANDPIT_PROVIDERS lists the enabled providers. The entry "auto" stands for every cloud
+provider whose credentials are present, in the order ComputeSDK auto-detects them
+(Modal, E2B, Daytona, CodeSandbox, then Vercel, Blaxel, Runloop); `get_provider("auto")`
+(and so SANDPIT_DEFAULT_PROVIDER=auto) is the first of those. Nothing is read at import
+time: a missing credential is a ProviderNotConfigured naming the variable when the
+provider is built.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
 
 from django.conf import settings
 
 from .base import ProviderNotConfigured, SandboxProvider
 
-KNOWN_PROVIDERS = ("local", "docker", "e2b")
+AUTO = "auto"
+CLOUD_CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {
+    # provider: alternative sets of variables; any complete set selects it
+    "modal": (("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"),),
+    "e2b": (("E2B_API_KEY",),),
+    "daytona": (("DAYTONA_API_KEY",),),
+    "codesandbox": (("CSB_API_KEY",), ("CODESANDBOX_TOKEN",)),
+    "vercel": (("VERCEL_TOKEN", "VERCEL_TEAM_ID", "VERCEL_PROJECT_ID"), ("VERCEL_OIDC_TOKEN",)),
+    "blaxel": (("BL_API_KEY", "BL_WORKSPACE"),),
+    "runloop": (("RUNLOOP_API_KEY",),),
+}
+"""In auto-detection order (the seeds' order first, then the other cloud providers)."""
+KNOWN_PROVIDERS = ("local", "docker", *CLOUD_CREDENTIALS)
 _instances: dict[str, SandboxProvider] = {}
 _lock = threading.Lock()
 
 
+def credential(name: str) -> str:
+    """A credential from settings when the settings module defines it, else the environment."""
+    if hasattr(settings, name):
+        return str(getattr(settings, name) or "")
+    return os.environ.get(name, "")
+
+
+def detected_cloud_providers() -> list[str]:
+    """Cloud providers whose credentials are all present, in auto-detection order."""
+    return [
+        name
+        for name, alternatives in CLOUD_CREDENTIALS.items()
+        if any(all(credential(var) for var in variables) for variables in alternatives)
+    ]
+
+
 def configured_provider_names() -> list[str]:
-    return list(settings.SANDPIT_PROVIDERS)
+    """SANDPIT_PROVIDERS with "auto" replaced by the detected cloud providers."""
+    names: list[str] = []
+    for name in settings.SANDPIT_PROVIDERS:
+        for resolved in detected_cloud_providers() if name == AUTO else [name]:
+            if resolved not in names:
+                names.append(resolved)
+    return names
+
+
+def resolve_provider_name(name: str) -> str:
+    """The provider "auto" stands for (the first detected cloud provider); others as is."""
+    if name != AUTO:
+        return name
+    detected = detected_cloud_providers()
+    if not detected:
+        hints = "; ".join(
+            f"{provider}: {' + '.join(alternatives[0])}"
+            for provider, alternatives in CLOUD_CREDENTIALS.items()
+        )
+        raise ProviderNotConfigured(f"Provider 'auto' found no cloud credentials ({hints}).")
+    return detected[0]
+
+
+def _build_local() -> SandboxProvider:
+    from .local import LocalProvider
+
+    return LocalProvider(
+        root_dir=settings.SANDPIT_LOCAL_ROOT, warm_pool=settings.SANDPIT_LOCAL_WARM_POOL
+    )
+
+
+def _build_docker() -> SandboxProvider:
+    from .docker import DockerProvider
+
+    return DockerProvider(
+        image=settings.SANDPIT_DOCKER_IMAGE, installation=settings.SANDPIT_INSTALLATION
+    )
+
+
+def _build_e2b() -> SandboxProvider:
+    api_key = credential("E2B_API_KEY")
+    if not api_key:
+        raise ProviderNotConfigured("The e2b provider needs the E2B_API_KEY environment variable.")
+    from .e2b import E2BProvider
+
+    return E2BProvider(
+        api_key=api_key,
+        template=os.environ.get("E2B_TEMPLATE", "base"),
+        domain=os.environ.get("E2B_DOMAIN") or None,
+        installation=settings.SANDPIT_INSTALLATION,
+    )
+
+
+def _build_cloud(module: str, cls: str) -> Callable[[], SandboxProvider]:
+    def build() -> SandboxProvider:
+        from importlib import import_module
+
+        provider_cls = getattr(import_module(f".cloud.{module}", __name__), cls)
+        return provider_cls.from_env(installation=settings.SANDPIT_INSTALLATION)  # type: ignore[no-any-return]
+
+    return build
+
+
+_BUILDERS: dict[str, Callable[[], SandboxProvider]] = {
+    "local": _build_local,
+    "docker": _build_docker,
+    "e2b": _build_e2b,
+    "modal": _build_cloud("modal", "ModalProvider"),
+    "daytona": _build_cloud("daytona", "DaytonaProvider"),
+    "codesandbox": _build_cloud("codesandbox", "CodeSandboxProvider"),
+    "vercel": _build_cloud("vercel", "VercelProvider"),
+    "blaxel": _build_cloud("blaxel", "BlaxelProvider"),
+    "runloop": _build_cloud("runloop", "RunloopProvider"),
+}
 
 
 def _build(name: str) -> SandboxProvider:
-    if name == "local":
-        from .local import LocalProvider
-
-        return LocalProvider(root_dir=settings.SANDPIT_LOCAL_ROOT)
-    if name == "docker":
-        from .docker import DockerProvider
-
-        return DockerProvider(
-            image=settings.SANDPIT_DOCKER_IMAGE, installation=settings.SANDPIT_INSTALLATION
+    builder = _BUILDERS.get(name)
+    if builder is None:
+        raise ProviderNotConfigured(
+            f"Unknown provider '{name}'. Known: {', '.join(KNOWN_PROVIDERS)}."
         )
-    if name == "e2b":
-        if not settings.E2B_API_KEY:
-            raise ProviderNotConfigured(
-                "The e2b provider needs the E2B_API_KEY environment variable."
-            )
-        from .e2b import E2BProvider  # type: ignore[import-not-found]
-
-        return E2BProvider(api_key=settings.E2B_API_KEY)
-    raise ProviderNotConfigured(f"Unknown provider '{name}'. Known: {', '.join(KNOWN_PROVIDERS)}.")
+    return builder()
 
 
 def get_provider(name: str) -> SandboxProvider:
-    """The process-wide instance of a configured provider."""
-    if name not in configured_provider_names():
+    """The process-wide instance of a configured provider ("auto": the first detected)."""
+    enabled = configured_provider_names()
+    if name == AUTO and AUTO not in settings.SANDPIT_PROVIDERS:
+        raise ProviderNotConfigured(
+            f"Provider 'auto' is not enabled here (SANDPIT_PROVIDERS={','.join(enabled)})."
+        )
+    name = resolve_provider_name(name)
+    if name not in enabled:
+        hint = ""
+        if name in CLOUD_CREDENTIALS:
+            needs = " or ".join(" + ".join(v) for v in CLOUD_CREDENTIALS[name])
+            hint = f" Add it to SANDPIT_PROVIDERS and set {needs}."
         raise ProviderNotConfigured(
             f"Provider '{name}' is not enabled here (SANDPIT_PROVIDERS="
-            f"{','.join(configured_provider_names())})."
+            f"{','.join(settings.SANDPIT_PROVIDERS)}).{hint}"
         )
     with _lock:
         provider = _instances.get(name)
@@ -54,6 +162,10 @@ def get_provider(name: str) -> SandboxProvider:
 
 
 def reset_providers() -> None:
-    """Forget built providers (tests that change settings)."""
+    """Forget built providers (tests that change settings), releasing what they hold."""
     with _lock:
+        for provider in _instances.values():
+            close = getattr(provider, "close", None)
+            if close is not None:
+                close()
         _instances.clear()

@@ -9,7 +9,11 @@ is one JSON line; an ``exec`` request is followed by ``stdin_len`` raw bytes.
 A reply is one JSON line (``{"ok": true, ...}`` or ``{"ok": false, "error":
 code, "message": ...}``); an ``exec`` reply is followed by the raw stdout and
 stderr bytes. After the reply line of a ``pty`` or ``connect`` request the
-connection becomes a raw byte pipe, so the terminal hot path has no framing.
+connection becomes a raw byte pipe, so the terminal hot path has no framing. A
+``pty`` request with ``"pass_fd": true`` instead gets the terminal's master
+descriptor attached to its reply (SCM_RIGHTS): the host then reads and writes
+the terminal directly, and the connection only carries the shell's exit status
+(see _hand_over). The relay remains for when the descriptor cannot be sent.
 
 Being PID 1 of the jail's PID namespace, the agent cannot be killed by the
 user's code (the kernel drops signals to PID 1 without a handler) and must
@@ -510,7 +514,11 @@ def op_pty(conn: socket.socket, req: dict) -> None:
     _set_winsize(master, int(req.get("cols", 80)), int(req.get("rows", 24)))
     env = _env(req.get("env"))
     env.setdefault("TERM", "xterm-256color")
+    wake_r = wake_w = -1
+    if req.get("pass_fd"):
+        wake_r, wake_w = os.pipe()
     try:
+        tty_path = os.ttyname(slave)
         child = spawn(
             req["argv"],
             env,
@@ -519,18 +527,30 @@ def op_pty(conn: socket.socket, req: dict) -> None:
             kind="pty",
             command=" ".join(req["argv"]),
             tty=True,
+            wake_w=wake_w if wake_w >= 0 else None,
         )
     except BaseException:
-        os.close(master)
+        for fd in (master, wake_r, wake_w):
+            if fd >= 0:
+                os.close(fd)
         raise
     finally:
         os.close(slave)
     _remember(child)
+    if wake_r >= 0:
+        try:
+            handed = _hand_over(conn, child, master, wake_r, tty_path)
+        finally:
+            child.wake_w = None
+            os.close(wake_r)
+            os.close(wake_w)
+        if handed:
+            return
     with TRACK_LOCK:
         PTY_MASTERS[child.pid] = master
     ended = "client"
     try:
-        _send_line(conn, {"ok": True, "pid": child.pid})
+        _send_line(conn, {"ok": True, "pid": child.pid, "mode": "relay"})
         ended = _splice(conn, master)
     finally:
         with TRACK_LOCK:
@@ -540,6 +560,65 @@ def op_pty(conn: socket.socket, req: dict) -> None:
             kill_tree(child.pid)
             child.done.wait(1.0)
         os.close(master)
+
+
+def _hand_over(conn: socket.socket, child: Child, master: int, wake_r: int, tty_path: str) -> bool:
+    """Pass the terminal's master to the host (SCM_RIGHTS) so its bytes skip the agent.
+
+    Returns False, with `master` still open, when the descriptor cannot be sent: the
+    caller then relays as before. Otherwise the agent keeps only the control side: it
+    writes ``{"exit_code": N}`` when the shell exits and, when the host closes the
+    connection, kills the shell's tree - always while the shell runs, and after it
+    exited only if something still holds the terminal (as the relay did, whose stream
+    lasted exactly that long).
+    """
+    line = json_dumps({"ok": True, "pid": child.pid, "mode": "fd"}).encode() + b"\n"
+    try:
+        sent = conn.sendmsg(
+            [line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, master.to_bytes(4, sys.byteorder))]
+        )
+    except OSError:
+        return False  # nothing was queued: the plain reply and the relay follow
+    os.close(master)
+    try:
+        if sent < len(line):
+            conn.sendall(line[sent:])
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        while True:
+            for ready, _ev in poller.poll():
+                if ready == wake_r:
+                    os.read(wake_r, 64)
+                    poller.unregister(wake_r)
+                    child.done.wait(1.0)
+                    _send_line(conn, {"exit_code": child.exit_code})
+                elif not conn.recv(CHUNK):  # the host sends nothing; EOF is close()
+                    return True
+    except OSError:
+        return True
+    finally:
+        if not child.done.is_set() or _tty_held(tty_path):
+            kill_tree(child.pid)
+            child.done.wait(1.0)
+
+
+def _tty_held(path: str) -> bool:
+    """Whether any process of the jail still has the terminal `path` open."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == "1":
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == path:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def _splice(conn: socket.socket, fd: int) -> str:

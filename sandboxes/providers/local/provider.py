@@ -55,7 +55,11 @@ from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
-from sandboxes.providers.local.wire import LocalPortStream, LocalPtySession
+from sandboxes.providers.local.wire import (
+    LocalPortStream,
+    LocalPtySession,
+    LocalRelayPtySession,
+)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _INLINE_CODE_BYTES = 100_000
@@ -730,12 +734,16 @@ class LocalProvider:
         shell: str | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> LocalPtySession:
-        """A terminal inside the jail; fileno() is the (non-blocking) agent connection."""
+    ) -> LocalPtySession | LocalRelayPtySession:
+        """A terminal inside the jail. The agent creates the PTY and the shell in the jail
+        and passes the PTY master to us, so keystrokes and output skip the agent;
+        fileno() is that master (non-blocking). If the descriptor cannot be passed the
+        agent relays the bytes over its connection instead, as before."""
         env_d = {str(k): str(v) for k, v in (env or {}).items()}
         _check_env(env_d)
         argv = [shell or "/bin/bash"]
         sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+        master = None
         try:
             sock.sendall(
                 json.dumps(
@@ -746,16 +754,29 @@ class LocalProvider:
                         "rows": int(rows),
                         "cwd": _jail_cwd(cwd),
                         "env": env_d,
+                        "pass_fd": True,
                     }
                 ).encode()
                 + b"\n"
             )
-            reply = wire.reply(sock)
-        except BaseException:
+            reply, master = wire.pty_reply(sock)
+            pid = int(reply["pid"])
+            if reply.get("mode") == "fd":
+                if master is None:
+                    raise ProviderError("the sandbox agent did not pass the terminal")
+                return LocalPtySession(master, sock, pid)
+            if master is not None:  # a relay needs no descriptor
+                os.close(master)
+                master = None
+            sock.setblocking(False)
+            return LocalRelayPtySession(lambda req: self._call(provider_id, req), sock, pid)
+        except BaseException as exc:
             sock.close()
+            if master is not None:
+                os.close(master)
+            if isinstance(exc, (OSError, ValueError, KeyError)):
+                raise self._lost(provider_id, exc) from None
             raise
-        sock.setblocking(False)
-        return LocalPtySession(lambda req: self._call(provider_id, req), sock, int(reply["pid"]))
 
     def open_ports(self, provider_id: str) -> list[OpenPort]:
         """TCP ports listening inside the jail's network namespace (/proc/net/tcp{,6})."""

@@ -6,9 +6,14 @@ replace the agent): lines and payloads are bounded, replies must be JSON objects
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import select
 import socket
+import stat
+import struct
+import termios
 import time
 from collections.abc import Callable
 
@@ -30,6 +35,14 @@ _ERRORS: dict[str, type[ProviderError]] = {
 _MAX_REPLY_LINE = 4 * 1024 * 1024
 PTY_WRITE_TIMEOUT_S = 10.0
 """How long a terminal write may wait for the shell to take its input (as docker's)."""
+PTY_CLOSE_WAIT_S = 2.0
+"""How long close() waits for the agent to confirm the shell's tree is gone."""
+_MAX_FDS = 4
+"""Room for descriptors in a reply; more than one is refused anyway."""
+_MAX_STATUS_BYTES = 4096
+_TIOCGPTN = getattr(termios, "TIOCGPTN", None)
+if _TIOCGPTN is None and os.uname().machine in ("x86_64", "aarch64", "armv7l", "riscv64", "s390x"):
+    _TIOCGPTN = 0x80045430  # _IOR('T', 0x30, unsigned int): answered by PTY masters only
 
 
 def read_line(sock: socket.socket) -> bytes:
@@ -70,8 +83,211 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def pty_reply(sock: socket.socket) -> tuple[dict, int | None]:
+    """The reply line of a ``pty`` request and the PTY master descriptor attached to it.
+
+    Reads exactly the line (what follows stays in the socket, as with reply()), with
+    recvmsg so that descriptors arrive close-on-exec (MSG_CMSG_CLOEXEC) and never leak
+    to children. The peer may be hostile: anything but a single descriptor that is a
+    PTY master is closed and refused. Returns (reply, None) when none was attached.
+    """
+    fds: list[int] = []
+    truncated = False
+    line = bytearray()
+    try:
+        while True:
+            peek = sock.recv(65536, socket.MSG_PEEK)
+            if not peek:
+                raise ConnectionResetError("the sandbox agent closed the connection")
+            idx = peek.find(b"\n")
+            want = len(peek) if idx < 0 else idx + 1
+            while want:
+                data, ancdata, flags, _ = sock.recvmsg(
+                    want, socket.CMSG_SPACE(_MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
+                )
+                for level, kind, payload in ancdata:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        usable = len(payload) - len(payload) % 4
+                        fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+                truncated |= bool(flags & socket.MSG_CTRUNC)
+                if not data:
+                    raise ConnectionResetError("the sandbox agent closed the connection")
+                line += data
+                want -= len(data)
+            if idx >= 0:
+                break
+            if len(line) > _MAX_REPLY_LINE:
+                raise ValueError("reply line too long")
+        body = json.loads(bytes(line[:-1]))
+        if not isinstance(body, dict):
+            raise ValueError("malformed reply")
+        if not body.get("ok"):
+            error = _ERRORS.get(str(body.get("error")), ProviderError)
+            raise error(str(body.get("message", ""))[:1000])
+        if truncated or len(fds) > 1:
+            raise ProviderError("the sandbox agent sent unexpected descriptors")
+        if fds:
+            check_pty_master(fds[0])
+        return body, (fds[0] if fds else None)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def check_pty_master(fd: int) -> None:
+    """Raise ProviderError unless `fd` is the master side of a pseudo-terminal."""
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode) or not os.isatty(fd):
+            raise ProviderError("the sandbox agent sent a descriptor that is not a terminal")
+        if _TIOCGPTN is not None:
+            fcntl.ioctl(fd, _TIOCGPTN, b"\0\0\0\0")  # fails on a slave or any other tty
+    except OSError:
+        raise ProviderError(
+            "the sandbox agent sent a descriptor that is not a PTY master"
+        ) from None
+
+
 class LocalPtySession:
-    """A terminal whose bytes flow raw over the agent connection."""
+    """A terminal inside the jail whose PTY master the host holds (passed by the agent).
+
+    The shell, its controlling terminal and the PTY's devpts all live inside the jail;
+    the host only holds the master: bytes in and out and the window size. The agent
+    connection stays open as the control channel: the agent writes the shell's exit
+    status there, and closing it makes the agent kill the shell's process tree.
+    """
+
+    write_timeout_s = PTY_WRITE_TIMEOUT_S
+
+    def __init__(self, master_fd: int, control: socket.socket, pid: int) -> None:
+        os.set_blocking(master_fd, False)
+        control.setblocking(False)
+        self._fd = master_fd
+        self._hangup = select.poll()
+        self._hangup.register(master_fd, 0)  # reports POLLHUP only: nothing holds the slave
+        self._control = control
+        self.pid = pid
+        self._closed = False
+        self._status = bytearray()
+        self._exit_code: int | None = None
+        self._agent_gone = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read(self, max_bytes: int = 65536) -> bytes:
+        """Non-blocking: raises BlockingIOError when nothing is ready, b"" at the end
+        (the PTY answers EIO once nothing in the jail holds the terminal any more)."""
+        if self._closed:
+            return b""
+        try:
+            return os.read(self._fd, max_bytes)
+        except BlockingIOError:
+            raise
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        """Send keystrokes. Raises SandboxGone once the terminal or its sandbox has
+        ended, ProviderError when the shell takes no input for `write_timeout_s`."""
+        if self._closed:
+            raise SandboxGone("the terminal is closed")
+        if self._hangup.poll(0):  # the master takes input even when nothing can read it
+            raise SandboxGone("the terminal has ended")
+        view = memoryview(data)
+        deadline = None
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                raise SandboxGone("the terminal has ended") from None
+            if n:
+                view = view[n:]
+                continue
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.write_timeout_s
+            if now >= deadline:
+                raise ProviderError("the terminal is not accepting input")
+            poller = select.poll()
+            poller.register(self._fd, select.POLLOUT)
+            poller.poll(min(deadline - now, 0.05) * 1000)
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Set the window size on the master: the kernel sends SIGWINCH to the terminal's
+        foreground process group inside the jail. No round trip to the agent."""
+        if self._closed:
+            raise SandboxGone("the terminal is closed")
+        try:
+            fcntl.ioctl(self._fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        except OSError:
+            raise SandboxGone("the terminal has ended") from None
+
+    def exit_code(self) -> int | None:
+        """The shell's exit status once the agent reported it; None while it runs, -9 when
+        the agent went away without saying (the sandbox was destroyed)."""
+        if self._exit_code is None and not self._closed:
+            self._pump(0.0)
+        if self._exit_code is not None:
+            return self._exit_code
+        return -9 if self._agent_gone or self._closed else None
+
+    def _pump(self, timeout: float, *, until_eof: bool = False) -> None:
+        """Read the control connection: the agent writes one status line when the shell
+        exits and closes its end when it is done with the terminal."""
+        deadline = time.monotonic() + timeout
+        while not self._agent_gone and (until_eof or self._exit_code is None):
+            try:
+                data = self._control.recv(_MAX_STATUS_BYTES)
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                poller = select.poll()
+                poller.register(self._control.fileno(), select.POLLIN)
+                poller.poll(remaining * 1000)
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._agent_gone = True
+                return
+            if self._exit_code is None:
+                self._status += data
+                if b"\n" in self._status:
+                    self._exit_code = _status_code(bytes(self._status.partition(b"\n")[0]))
+                elif len(self._status) > _MAX_STATUS_BYTES:
+                    self._exit_code = -9
+
+    def close(self) -> None:
+        """Kill the shell's process tree - the agent does it when the connection closes,
+        and we wait (briefly) for it to confirm - then drop the master. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._control.shutdown(socket.SHUT_WR)
+            self._pump(PTY_CLOSE_WAIT_S, until_eof=True)
+        except OSError:
+            pass
+        finally:
+            self._control.close()
+            os.close(self._fd)
+
+
+def _status_code(line: bytes) -> int:
+    try:
+        code = json.loads(line).get("exit_code")
+    except (ValueError, AttributeError):
+        return -9
+    return code if isinstance(code, int) and not isinstance(code, bool) else -9
+
+
+class LocalRelayPtySession:
+    """A terminal whose bytes the agent relays over its connection: the fallback when
+    the PTY master could not be passed to the host."""
 
     write_timeout_s = PTY_WRITE_TIMEOUT_S
 
@@ -107,7 +323,9 @@ class LocalPtySession:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ProviderError("the terminal is not accepting input") from None
-                select.select([], [self._sock], [], remaining)
+                poller = select.poll()
+                poller.register(self._sock.fileno(), select.POLLOUT)
+                poller.poll(remaining * 1000)
             except (BrokenPipeError, ConnectionResetError):
                 raise SandboxGone("the terminal has ended") from None
 
