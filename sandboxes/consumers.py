@@ -243,6 +243,15 @@ class TerminalConsumer(_OutboundConsumer):
 
     # input --------------------------------------------------------------------------------------
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels closes stale DB connections (a thread-pool round trip) before every
+        # message; keystrokes never touch the database (metering goes through
+        # database_sync_to_async, which does that itself), so they skip it.
+        if message["type"] == "websocket.receive":
+            await self.websocket_receive(message)
+            return
+        await super().dispatch(message)
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         terminal = getattr(self, "terminal", None)
         if terminal is None:
