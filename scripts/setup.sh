@@ -32,10 +32,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.sandpit-installed
 extras=""
-[ $want_dev = 1 ] && extras="[dev]"
+# The test suite also builds every cloud adapter, so it installs their SDKs too.
+[ $want_dev = 1 ] && extras="[dev,cloud]"
 installed_extras=$(cat "$stamp" 2>/dev/null || echo none)
 # An install with the dev extras also serves a plain run.
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ "$installed_extras" != "$extras" ] && [ "$installed_extras" != "[dev]" ]; }; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ "$installed_extras" != "$extras" ] && [ "$installed_extras" != "[dev,cloud]" ]; }; then
   echo "==> installing Python dependencies$extras"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".$extras"
