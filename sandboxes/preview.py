@@ -168,6 +168,11 @@ class _Upstream:
         self.sock = socket.socket(fileno=os.dup(stream.fileno()))
         self.sock.setblocking(False)
 
+    def host(self, port: int) -> str:
+        """The Host header the upstream expects: a cloud edge routes by it (e2b's
+        get_host); a port inside a local or docker sandbox answers to localhost."""
+        return getattr(self.stream, "host_header", None) or f"localhost:{port}"
+
     async def close(self) -> None:
         try:
             self.sock.close()
@@ -297,7 +302,7 @@ class PreviewHttpProxy:
         target = rest + ("?" + urlencode(query) if query else "")
         listed = _connection_listed(headers)
         authorization_is_ours = True  # every Bearer reaching here authenticated us
-        out = [f"{method} {target} HTTP/1.1", f"Host: localhost:{port}"]
+        out = [f"{method} {target} HTTP/1.1", f"Host: {upstream.host(port)}"]
         chunked_body = False
         for name, value in headers:
             if name in HOP_BY_HOP or name in listed or name == "host":

@@ -306,7 +306,10 @@ class PtySession(Protocol):
 
 
 class PortStream(Protocol):
-    """A connected byte stream to a TCP port inside the sandbox (for previews)."""
+    """A connected byte stream to a TCP port inside the sandbox (for previews).
+
+    A stream may carry `host_header`: the Host an HTTP client must send through it (a
+    cloud edge that routes by host); without it, `localhost:<port>`."""
 
     def fileno(self) -> int: ...
 

@@ -182,7 +182,9 @@ class E2BPortStream:
     callers that select on it or dup it see plaintext.
     """
 
-    def __init__(self, upstream: socket.socket, tls: bool) -> None:
+    def __init__(self, upstream: socket.socket, tls: bool, host_header: str | None = None) -> None:
+        self.host_header = host_header
+        """The Host an HTTP client must send: E2B's edge routes by it."""
         self._upstream = upstream
         self._closed = False
         if not tls:
@@ -742,11 +744,11 @@ class E2BProvider:
             if sep and explicit.isdigit():
                 sock = socket.create_connection((name, int(explicit)), timeout=10)
                 sock.settimeout(None)
-                return E2BPortStream(sock, tls=False)
+                return E2BPortStream(sock, tls=False, host_header=host)
             raw = socket.create_connection((host, 443), timeout=10)
             tls = ssl.create_default_context().wrap_socket(raw, server_hostname=host)
             tls.settimeout(None)
-            return E2BPortStream(tls, tls=True)
+            return E2BPortStream(tls, tls=True, host_header=host)
 
     def watch(
         self, provider_id: str, path: str, recursive: bool = True

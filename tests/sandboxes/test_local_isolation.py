@@ -473,3 +473,14 @@ def test_jail_destroyed_by_another_process_leaves_no_zombie(local_provider, make
     while not all(_reaped(pid) for pid in children):
         assert time.monotonic() < end, f"zombies left: {children}"
         time.sleep(0.02)
+
+
+def test_missing_bwrap_names_what_to_install(tmp_path):
+    from sandboxes.providers.base import ProviderUnavailable, SandboxSpec
+    from sandboxes.providers.local import LocalProvider
+
+    provider = LocalProvider(root_dir=tmp_path / "sbx", bwrap_path="/nonexistent/bwrap")
+    health = provider.health()
+    assert not health.ok and "apt-get install bubblewrap" in health.detail
+    with pytest.raises(ProviderUnavailable, match="apt-get install bubblewrap"):
+        provider.create(SandboxSpec(sandbox_id="nobwrap"))

@@ -72,6 +72,12 @@ CREATE_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 10.0
 
 
+BWRAP_INSTALL_HINT = (
+    "The local provider needs bubblewrap: install it with `apt-get install bubblewrap` "
+    "(Debian/Ubuntu) or `make run`, which installs it when run as root."
+)
+
+
 class LocalProvider:
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
 
@@ -289,7 +295,9 @@ class LocalProvider:
                 start_new_session=True,
             )
         except OSError as exc:
-            raise ProviderUnavailable(f"cannot run {self.bwrap_path}: {exc}") from None
+            raise ProviderUnavailable(
+                f"cannot run {self.bwrap_path}: {exc}. {BWRAP_INSTALL_HINT}"
+            ) from None
         finally:
             log.close()
             for fd in (info_w, block_r, ready_w):
@@ -529,7 +537,7 @@ class LocalProvider:
         started = time.perf_counter()
         bwrap = shutil.which(self.bwrap_path)
         if bwrap is None:
-            return ProviderHealth(False, f"{self.bwrap_path} not found", 0.0)
+            return ProviderHealth(False, f"{self.bwrap_path} not found. {BWRAP_INSTALL_HINT}", 0.0)
         try:
             result = subprocess.run(
                 [
