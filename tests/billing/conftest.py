@@ -11,6 +11,7 @@ from django.conf import settings as django_settings
 from accounts.models import Membership, Organization, Role
 from accounts.services import api_key_create
 from billing import metering
+from tests.requirements import missing_part
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +35,7 @@ def meter_mode(request, settings):  # type: ignore[no-untyped-def]
     """Run a test with Redis metering and with embedded (database) metering."""
     if request.param == "redis":
         if not settings.REDIS_URL:
-            pytest.skip("REDIS_URL is not set")
+            missing_part("REDIS_URL is not set")
     else:
         settings.REDIS_URL = ""
     return request.param

@@ -21,6 +21,7 @@ from django.db import connection
 
 from billing import services
 from billing.models import UsageDaily, UsageEvent
+from tests.requirements import missing_part
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def free_port() -> int:
 def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """daphne serving this test's database and Redis prefix on a free loopback port."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL and REDIS_URL")
+        missing_part("needs PostgreSQL and REDIS_URL")
     db = connection.settings_dict
     port = free_port()
     local_root = tempfile.mkdtemp(prefix="sp-", dir="/tmp")

@@ -21,6 +21,7 @@ from billing import ledger, metering, pricing, services
 from billing.metering import metering_authorize, metering_record
 from billing.models import UsageDaily, UsageEvent
 from billing.selectors import usage_summary
+from tests.requirements import missing_part
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def stream_length() -> int:
 @pytest.fixture
 def redis_mode(settings):  # type: ignore[no-untyped-def]
     if not settings.REDIS_URL:
-        pytest.skip("REDIS_URL is not set")
+        missing_part("REDIS_URL is not set")
 
 
 def test_flush_killed_after_commit_before_ack_then_rerun_is_exact(

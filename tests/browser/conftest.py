@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import missing_part
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _allow_orm_beside_playwright():  # type: ignore[no-untyped-def]
@@ -68,7 +70,7 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignor
 
     db = settings.DATABASES["default"]
     if "postgresql" not in db["ENGINE"]:
-        pytest.skip("browser tests need DATABASE_URL pointing at Postgres")
+        missing_part("browser tests need DATABASE_URL pointing at Postgres")
     port = _free_port()
     root = tmp_path_factory.mktemp("browser-sandboxes")
     prefix = f"sandpit-browser-{os.getpid()}"

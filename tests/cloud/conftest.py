@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from sandboxes.providers.base import SandboxProvider, SandboxSpec
+from tests.requirements import missing_part
 
 FAKE_E2B_KEY = "e2b_test_key"
 
@@ -21,7 +22,7 @@ FAKE_E2B_KEY = "e2b_test_key"
 def fake_e2b_cloud(tmp_path_factory):  # type: ignore[no-untyped-def]
     pytest.importorskip("e2b", reason="the e2b extra is not installed")
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("the e2b fake binds each sandbox at /home/user with unshare (needs root)")
+        missing_part("the e2b fake binds each sandbox at /home/user with unshare (needs root)")
     from tests.cloud.fake_e2b import FakeCloud
 
     cloud = FakeCloud(tmp_path_factory.mktemp("fake-e2b"), api_key=FAKE_E2B_KEY)

@@ -12,6 +12,7 @@ import pytest
 
 from sandboxes.providers import CLOUD_CREDENTIALS, get_provider, reset_providers
 from sandboxes.providers.base import Capability, ProviderNotConfigured
+from tests.requirements import missing_part
 
 SDK_MODULE = {
     "modal": "modal",
@@ -49,7 +50,7 @@ def test_missing_credentials_are_named(name, settings, clean_env):  # type: igno
 @pytest.mark.parametrize("name", list(CLOUD_CREDENTIALS))
 def test_credentials_in_the_environment_build_the_adapter(name, settings, clean_env):  # type: ignore[no-untyped-def]
     if importlib.util.find_spec(SDK_MODULE[name]) is None:
-        pytest.skip(f"the {name} extra is not installed")
+        missing_part(f"the {name} extra is not installed")
     settings.SANDPIT_PROVIDERS = ["auto"]
     for variable in CLOUD_CREDENTIALS[name][0]:
         clean_env.setenv(variable, "test-value")

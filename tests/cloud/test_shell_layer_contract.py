@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from sandboxes.providers.base import CapabilityNotSupported, ExecRequest, SandboxSpec
+from tests.requirements import missing_part
 from tests.sandboxes import test_provider_contract as contract
 from tests.sandboxes.test_provider_contract import *  # noqa: F403 - re-run every contract test
 
@@ -22,7 +23,7 @@ from tests.sandboxes.test_provider_contract import *  # noqa: F403 - re-run ever
 @pytest.fixture(scope="module")
 def shell_provider(tmp_path_factory):  # type: ignore[no-untyped-def]
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("the local shell stand-in binds each sandbox with unshare (needs root)")
+        missing_part("the local shell stand-in binds each sandbox with unshare (needs root)")
     from tests.cloud.local_shell import LocalShellProvider
 
     return LocalShellProvider(tmp_path_factory.mktemp("shell-sandboxes"))

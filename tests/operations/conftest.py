@@ -18,6 +18,7 @@ from accounts.authentication import Principal
 from sandboxes.models import Sandbox
 from sandboxes.providers import get_provider, reset_providers
 from sandboxes.services import sandbox_create
+from tests.requirements import missing_part
 
 RUN_ID = uuid.uuid4().hex[:8]
 INSTALLATION = f"ops-test-{RUN_ID}"
@@ -51,7 +52,7 @@ def ops_providers(settings, ops_root, request):  # type: ignore[no-untyped-def]
     """Configure local (+ docker when the test is marked docker) and clean up after."""
     wants_docker = request.node.get_closest_marker("docker") is not None
     if wants_docker and not docker_available():
-        pytest.skip("no Docker engine or sandbox image")
+        missing_part("no Docker engine or sandbox image")
     names = ["local", "docker"] if wants_docker else ["local"]
     settings.SANDPIT_PROVIDERS = names
     settings.SANDPIT_DEFAULT_PROVIDER = "local"

@@ -18,6 +18,8 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from tests.requirements import missing_part
+
 ROOT = Path(__file__).resolve().parents[2]
 DAPHNE = Path(sys.executable).with_name("daphne")
 
@@ -75,7 +77,7 @@ class Server:
 def _database_url_for(name: str) -> str:
     url = os.environ.get("DATABASE_URL", "")
     if not url:
-        pytest.skip("the real-time tests need DATABASE_URL (PostgreSQL) shared with daphne")
+        missing_part("the real-time tests need DATABASE_URL (PostgreSQL) shared with daphne")
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + name))
 

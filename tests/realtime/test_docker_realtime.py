@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from tests.requirements import missing_part
+
 from .conftest import TerminalOutput, create_sandbox, open_terminal, recv_json
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
@@ -18,7 +20,7 @@ def docker_sbx(server, rt_api_a):  # type: ignore[no-untyped-def]
     from tests.docker_support import docker_provider_or_skip
 
     if "docker" not in settings.SANDPIT_PROVIDERS:
-        pytest.skip("SANDPIT_PROVIDERS does not enable docker")
+        missing_part("SANDPIT_PROVIDERS does not enable docker")
     docker_provider_or_skip()
     sandbox_id = create_sandbox(rt_api_a, provider="docker")
     yield sandbox_id

@@ -33,6 +33,7 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 from sandboxes.providers.local import LocalProvider, net
+from tests.requirements import missing_part
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -263,7 +264,7 @@ def test_sandbox_whose_jail_died_is_listed_stopped_and_destroyable(local_provide
 @pytest.fixture
 def needs_network(local_provider) -> None:  # type: ignore[no-untyped-def]
     if Capability.NETWORK not in local_provider.capabilities:
-        pytest.skip("slirp4netns or nftables is not installed (scripts/setup.sh installs them)")
+        missing_part("slirp4netns or nftables is not installed (scripts/setup.sh installs them)")
 
 
 def test_networked_sandbox_has_its_own_interface_route_and_dns(
@@ -360,7 +361,7 @@ def _mounts() -> str:
 
 def test_many_small_files_stop_at_disk_mb_off_the_host_disk(local_provider, make_sandbox):
     if os.geteuid() != 0:
-        pytest.skip("the workspace quota needs Sandpit to run as root (it mounts a tmpfs)")
+        missing_part("the workspace quota needs Sandpit to run as root (it mounts a tmpfs)")
     root = local_provider.root_dir
     host_before = os.statvfs(root)
     sandbox = make_sandbox(resources=Resources(disk_mb=16))

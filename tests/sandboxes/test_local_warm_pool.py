@@ -31,6 +31,7 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local.pool import PREFIX
+from tests.requirements import missing_part
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -238,7 +239,7 @@ def test_duplicate_sandbox_id_is_refused_without_spending_a_warm_jail(warm_provi
 
 def test_networked_sandbox_is_started_cold(warm_provider):
     if Capability.NETWORK not in warm_provider.capabilities:
-        pytest.skip("network=True needs slirp4netns and nftables")
+        missing_part("network=True needs slirp4netns and nftables")
     assert warm_provider._pool.wait_full(30)
     before = _pool_dirs(warm_provider.root_dir)
     handle = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True))
