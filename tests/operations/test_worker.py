@@ -22,13 +22,18 @@ from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import get_provider
 from sandboxes.providers.base import SandboxSpec
 from sandboxes.services import sandbox_process_start
+from tests.requirements import missing_part
 
 from .conftest import INSTALLATION, docker_available, provider_has
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs REDIS_URL (real broker)"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _real_broker() -> None:
+    if not os.environ.get("REDIS_URL"):
+        missing_part("needs REDIS_URL (a real broker)")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
