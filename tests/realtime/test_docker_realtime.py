@@ -40,8 +40,9 @@ def test_docker_terminal_python_resize_ctrl_c_and_preview(server, rt_api_a, key_
     term.read_until(r"\r\n42\r\n")
     term.send("exit()\r")
     term.read_until(r"\$ $")
-    term.send("sleep 100\r")
-    term.read_until("sleep 100\r\n")
+    # The marker prints from the foreground job itself, so ^C cannot race bash's fork.
+    term.send("sh -c 'echo running-$((6*7)); exec sleep 100'\r")
+    term.read_until("running-42")
     term.send(b"\x03")
     term.send("echo after-$((40+2))\r")
     term.read_until("after-42", timeout=5)

@@ -32,9 +32,9 @@ def test_interactive_python_session_in_a_terminal(server, rt_api_a, key_a, sbx_a
 def test_ctrl_c_interrupts_a_running_command(server, rt_api_a, key_a, sbx_a):  # type: ignore[no-untyped-def]
     term = _attach(server, key_a, open_terminal(rt_api_a, sbx_a))
     term.read_until(r"\$ ")
-    term.send("sleep 100\r")
-    term.read_until("sleep 100\r\n")
-    time.sleep(0.3)
+    # The marker prints from the foreground job itself, so ^C cannot race bash's fork.
+    term.send("sh -c 'echo running-$((6*7)); exec sleep 100'\r")
+    term.read_until("running-42")
     started = time.monotonic()
     term.send(b"\x03")
     term.send("echo after-$((40+2))\r")

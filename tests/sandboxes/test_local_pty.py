@@ -111,8 +111,9 @@ def test_resize_signals_the_foreground_process(term):
 
 
 def test_ctrl_c_interrupts_sleep(term):
-    term.write(b"sleep 100; echo not-$((0))-interrupted\n")
-    time.sleep(0.3)
+    # The marker prints from the foreground job itself, so ^C cannot race the shell's fork.
+    term.write(b"sh -c 'echo running-$((6*7)); exec sleep 100'; echo not-$((0))-interrupted\n")
+    read_until(term, b"running-42")
     started = time.monotonic()
     term.write(b"\x03")
     term.write(b"echo after$((2+3))\n")
