@@ -84,18 +84,42 @@ INSTALLED_APPS = [
     "playground",
 ]
 
-MIDDLEWARE = [
-    "playground.metrics.LatencyMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "servestatic.middleware.ServeStaticMiddleware",
-    "playground.middleware.RequestIdMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
+
+class _MiddlewareList(list):
+    """MIDDLEWARE whose `in` also finds subclasses. Django's deploy checks test membership of
+    dotted paths (e.g. django.middleware.security.SecurityMiddleware) and skip the HSTS, SSL,
+    cookie and frame checks when it is absent; our inline subclasses must not silence them."""
+
+    def __contains__(self, path: object) -> bool:
+        if list.__contains__(self, path):
+            return True
+        from django.utils.module_loading import import_string
+
+        try:
+            wanted = import_string(str(path))
+        except ImportError:
+            return False
+        return any(
+            isinstance(cls, type) and issubclass(cls, wanted)
+            for cls in (import_string(entry) for entry in self)
+        )
+
+
+MIDDLEWARE = _MiddlewareList(
+    [
+        # Django's own middleware, subclassed to run inline under ASGI (see playground/middleware.py).
+        "playground.metrics.LatencyMiddleware",
+        "playground.middleware.SecurityMiddleware",
+        "servestatic.middleware.ServeStaticMiddleware",
+        "playground.middleware.RequestIdMiddleware",
+        "playground.middleware.SessionMiddleware",
+        "playground.middleware.CommonMiddleware",
+        "playground.middleware.CsrfViewMiddleware",
+        "playground.middleware.AuthenticationMiddleware",
+        "playground.middleware.MessageMiddleware",
+        "playground.middleware.XFrameOptionsMiddleware",
+    ]
+)
 
 ROOT_URLCONF = "playground.urls"
 ASGI_APPLICATION = "playground.asgi.application"
