@@ -76,17 +76,29 @@ else
 fi
 
 t1=$(now_ms)
-# The classic builder needs no buildx plugin and no network for a FROM that
-# exists locally; --pull=false keeps it from ever asking a registry.
-build_log=$(mktemp)
-if ! DOCKER_BUILDKIT=0 docker build --pull=false -t "$TAG" -t "$IMAGE:latest" "$CONTEXT" \
-    >"$build_log" 2>&1; then
-    say "docker build failed:"
-    cat "$build_log" >&2
-    rm -f "$build_log"
+# The command runner is C, compiled here (static: it must not depend on the
+# image's libc) into a copy of the context; the image itself has no compiler.
+if ! command -v "${CC:-gcc}" >/dev/null; then
+    say "a C compiler is needed to build the command runner: apt-get install gcc libc6-dev"
     exit 1
 fi
-rm -f "$build_log"
+build_dir=$(mktemp -d)
+trap 'rm -rf "$build_dir"' EXIT
+cp -a "$CONTEXT/." "$build_dir/"
+if ! "${CC:-gcc}" -static -O2 -Wall -Werror -o "$build_dir/sandpit-run" "$CONTEXT/sandpit-run.c" \
+    >"$build_dir/cc.log" 2>&1; then
+    say "compiling sandpit-run.c failed (is libc6-dev installed for -static?):"
+    cat "$build_dir/cc.log" >&2
+    exit 1
+fi
+# The classic builder needs no buildx plugin and no network for a FROM that
+# exists locally; --pull=false keeps it from ever asking a registry.
+if ! DOCKER_BUILDKIT=0 docker build --pull=false -t "$TAG" -t "$IMAGE:latest" "$build_dir" \
+    >"$build_dir/build.log" 2>&1; then
+    say "docker build failed:"
+    cat "$build_dir/build.log" >&2
+    exit 1
+fi
 # Older content-hash tags are dead weight; an image still used by a container stays.
 for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$IMAGE" | grep -v -e ":latest$" -e "^$TAG$"); do
     docker rmi "$old" >/dev/null 2>&1 || true

@@ -15,20 +15,22 @@ Design, in short:
   of a `docker run --rm`, well inside the 1.2x budget.
 * The sandbox id is also the container name (`<prefix>-<installation>-<id>`),
   so a duplicate id is refused atomically by the Engine.
-* Every operation is an Engine exec. Commands run under a small Python wrapper
-  (`_RUN_WRAPPER`, sent with every exec, see `_PYTHON`, so the image and the
-  provider can never drift apart) that starts the command in its own session, forwards
-  stdin, caps output per stream, enforces the timeout by SIGKILLing the process
-  group *and* every process tagged with the exec's nonce in its environment
-  (which catches children that called setsid), and reports the exact wait
-  status, CPU time and peak RSS in a nonce-marked trailer on stderr. So a
-  command killed by signal N reports -N, unlike the Engine's 128+N. The price
-  is one python3 start per command, mostly paid back by not needing an
-  exec_inspect round trip: measured 3-6 ms over a bare SDK exec at p50.
+* Every operation is an Engine exec. Commands run under `sandpit-run`, a small
+  static C program baked into the image (docker/sandbox/sandpit-run.c, installed
+  as `_RUNNER`; the path names its protocol version, so a provider never drives
+  a runner it does not understand and an outdated image fails with a clear
+  error). It starts the command in its own session, forwards stdin, caps output
+  per stream, enforces the timeout by SIGKILLing the process group *and* every
+  process tagged with the exec's nonce in its environment (which catches
+  children that called setsid), and reports the exact wait status, CPU time and
+  peak RSS in a nonce-marked trailer on stderr. So a command killed by signal N
+  reports -N, unlike the Engine's 128+N, and no exec_inspect round trip is
+  needed. It starts in about a millisecond; the Python wrapper it replaced cost
+  ~13 ms of interpreter start-up per command (bench/bench_sandbox_api.py).
   Output beyond `max_output_bytes` is discarded while the command runs on
   (until it exits or times out), as in the local provider.
-* File, process, port and cleanup operations go through `_AGENT` (sent the
-  same way), which applies the local provider's workspace rules with
+* File, process, port and cleanup operations go through `_AGENT`, Python whose
+  source rides in each exec's environment (see `_PYTHON`), which applies the local provider's workspace rules with
   `realpath` inside the container. Background processes run under a small
   `sh` monitor that records their exit status in /tmp/.sandpit/procs.
 * Anything Sandpit runs inside carries SANDPIT_INTERNAL=1 in its environment
@@ -113,6 +115,8 @@ _PYTHON = ("/usr/bin/python3", "-I", "-S", "-c", "import os; exec(os.environ.pop
 """How in-container helpers start: the source rides in the environment so `ps`
 inside the sandbox shows one short line instead of the whole script."""
 _ERROR_MARK = b"\x00sandpit-error:"
+_RUNNER = "/usr/local/lib/sandpit/run-v1"
+"""The command runner in the image (docker/sandbox/sandpit-run.c); v1 is its protocol."""
 
 _ERRORS: dict[str, type[ProviderError]] = {
     "file_not_found": FileNotFound,
@@ -139,196 +143,6 @@ _LANGUAGE_FILE_ARGV: dict[str, list[str]] = {
 # ---------------------------------------------------------------------------
 # Code that runs inside the container (see _PYTHON). Python 3.11, stdlib only.
 # ---------------------------------------------------------------------------
-
-_RUN_WRAPPER = r"""
-import _signal, os, select, sys, time
-nonce, timeout_s, cap, cwd, want_stdin, code_len, code_suffix = sys.argv[1:8]
-argv = sys.argv[8:]
-timeout_s, cap, want_stdin = float(timeout_s), int(cap), want_stdin == "1"
-WS = "/workspace"
-def trailer(text):
-    os.write(2, b"\x00" + nonce.encode() + b":" + text.encode("utf-8", "surrogateescape") + b"\n")
-def tagged():
-    tag = ("SANDPIT_EXEC=" + nonce).encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open("/proc/" + name + "/environ", "rb") as f:
-                    if tag in f.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
-def kill_tree(pid):
-    try:
-        os.killpg(pid, 9)
-    except OSError:
-        pass
-    for _ in range(20):
-        pids = tagged()
-        if not pids:
-            return
-        for p in pids:
-            try:
-                os.kill(p, 9)
-            except OSError:
-                pass
-def oom_count():
-    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-    return None
-def main():
-    global argv
-    real = os.path.realpath(os.path.join(WS, cwd or WS))
-    if not os.path.isdir(real):
-        trailer("E file_not_found working directory does not exist: " + cwd)
-        return
-    code_file = None
-    if code_len:
-        os.makedirs("/tmp/.sandpit", exist_ok=True)
-        code_file = "/tmp/.sandpit/code-" + nonce + code_suffix
-        need = int(code_len)
-        with open(code_file, "wb") as f:
-            while need:
-                chunk = os.read(0, min(need, 1 << 16))
-                if not chunk:
-                    break
-                f.write(chunk)
-                need -= len(chunk)
-        argv = [code_file if a == "{file}" else a for a in argv]
-    env = dict(os.environ)
-    env.pop("SANDPIT_INTERNAL", None)
-    env["SANDPIT_EXEC"] = nonce
-    r_out, w_out = os.pipe()
-    r_err, w_err = os.pipe()
-    if want_stdin:
-        r_in, w_in = os.pipe()
-    else:
-        r_in, w_in = os.open("/dev/null", os.O_RDONLY), None
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    _signal.set_wakeup_fd(wake_w)
-    _signal.signal(_signal.SIGCHLD, lambda *a: None)
-    oom_before = oom_count()
-    t0 = time.monotonic()
-    # posix_spawn (vfork) rather than fork: a few ms cheaper per command.
-    os.chdir(real)
-    try:
-        pid = os.posix_spawnp(
-            argv[0], argv, env, setsid=True, setsigdef=(_signal.SIGPIPE,),
-            file_actions=[(os.POSIX_SPAWN_DUP2, r_in, 0), (os.POSIX_SPAWN_DUP2, w_out, 1),
-                          (os.POSIX_SPAWN_DUP2, w_err, 2)],
-        )
-    except OSError as e:
-        missing = isinstance(e, FileNotFoundError)
-        reason = "command not found" if missing else e.strerror
-        os.write(2, ("sandpit: %s: %s\n" % (argv[0], reason)).encode())
-        trailer("R %d 0 0 0 0 0 0 0" % (127 if missing else 126))
-        return
-    os.close(r_in)
-    os.close(w_out)
-    os.close(w_err)
-    deadline = t0 + timeout_s
-    streams = {r_out: [1, 0], r_err: [2, 0]}
-    truncated = {1: False, 2: False}
-    pending = b""
-    stdin_open = want_stdin
-    if want_stdin:
-        os.set_blocking(w_in, False)
-    status = rusage = None
-    timed_out = False
-    drain_until = None
-    while True:
-        if status is not None and (not streams or time.monotonic() >= drain_until):
-            break
-        rl = list(streams) + [wake_r]
-        wl = []
-        if stdin_open:
-            if pending:
-                wl.append(w_in)
-            else:
-                rl.append(0)
-        now = time.monotonic()
-        if status is None:
-            wait = deadline - now
-            if wait <= 0:
-                timed_out = True
-                kill_tree(pid)
-                _, status, rusage = os.wait4(pid, 0)
-                drain_until = time.monotonic() + 0.1
-                continue
-        else:
-            wait = max(0.0, drain_until - now)
-        try:
-            r, w, _ = select.select(rl, wl, [], wait)
-        except InterruptedError:
-            continue
-        if wake_r in r:
-            os.read(wake_r, 512)
-            if status is None:
-                got, st, ru = os.wait4(pid, os.WNOHANG)
-                if got:
-                    status, rusage = st, ru
-                    drain_until = time.monotonic() + 0.05
-        for fd in r:
-            if fd in streams:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    os.close(fd)
-                    del streams[fd]
-                    continue
-                s = streams[fd]
-                room = cap - s[1]
-                if room > 0:
-                    part = chunk[:room]
-                    os.write(s[0], part)
-                    s[1] += len(part)
-                if len(chunk) > room:
-                    truncated[s[0]] = True
-            elif fd == 0:
-                chunk = os.read(0, 1 << 16)
-                if chunk:
-                    pending = chunk
-                else:
-                    os.close(w_in)
-                    stdin_open = False
-        if w:
-            try:
-                n = os.write(w_in, pending)
-                pending = pending[n:]
-            except BlockingIOError:
-                pass
-            except OSError:
-                pending = b""
-                os.close(w_in)
-                stdin_open = False
-    if code_file:
-        try:
-            os.unlink(code_file)
-        except OSError:
-            pass
-    oom_after = oom_count()
-    if timed_out:
-        code = -9
-    elif os.WIFSIGNALED(status):
-        code = -os.WTERMSIG(status)
-    else:
-        code = os.WEXITSTATUS(status)
-    oom = oom_before is not None and oom_after is not None and oom_after > oom_before
-    trailer("R %d %d %d %d %d %.3f %.3f %d" % (
-        code, timed_out, truncated[1], truncated[2], oom and code == -9,
-        (time.monotonic() - t0) * 1000.0,
-        (rusage.ru_utime + rusage.ru_stime) * 1000.0, rusage.ru_maxrss * 1024,
-    ))
-main()
-"""
 
 _AGENT = r"""
 import _signal, errno, json, os, stat as S, sys, time
@@ -1421,7 +1235,7 @@ class DockerProvider:
             stdin = code + (request.stdin or b"")
         cap = request.max_output_bytes
         wrapper = [
-            *_PYTHON,
+            _RUNNER,
             nonce,
             repr(float(request.timeout_s)),
             str(cap),
@@ -1435,7 +1249,7 @@ class DockerProvider:
         frames, transport_timeout, exec_id = self._exec_raw(
             cid,
             wrapper,
-            env=[*env, "SANDPIT_INTERNAL=1", f"SANDPIT_CODE={_RUN_WRAPPER}"],
+            env=[*env, "SANDPIT_INTERNAL=1"],
             stdin=stdin,
             timeout_s=request.timeout_s + _TRANSPORT_GRACE_S,
             caps=(cap, cap + 65536),
@@ -1470,6 +1284,11 @@ class DockerProvider:
         if not state.get("Running"):
             raise SandboxGone(f"Sandbox {provider_id} stopped while running the command.")
         exit_code = info.get("ExitCode")
+        if exit_code in (126, 127) and _RUNNER.encode() in bytes(frames.out) + err:
+            raise ProviderUnavailable(
+                f"The sandbox image has no {_RUNNER}: it predates this Sandpit. "
+                "Rebuild it with scripts/build-sandbox-image.sh."
+            )
         if transport_timeout or exit_code is None:
             exit_code = -9
         elif exit_code > 128:

@@ -7,6 +7,7 @@ provider module may import `docker`).
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.docker import DockerProvider
+from sandboxes.providers.docker import _RUNNER, DockerProvider
 from tests.docker_support import TEST_INSTALLATION, docker_provider_or_skip
 
 pytestmark = pytest.mark.docker
@@ -367,3 +368,24 @@ def test_watch_pairs_moves_and_close_stops_the_watcher(docker_provider, make_san
     assert ("moved", "w/b.txt", "w/a.txt") in kinds
     assert ("deleted", "w/b.txt", None) in kinds
     assert b"inotifywait" not in sh(docker_provider, sandbox, "ps -eo args").stdout
+
+
+def test_an_image_without_the_command_runner_fails_with_a_clear_error(docker_provider):  # type: ignore[no-untyped-def]
+    # Like an image built by an older Sandpit: the sandbox image minus the runner.
+    dockerfile = f"FROM {docker_provider.image}\nUSER root\nRUN rm {_RUNNER}\nUSER 1000:1000\n"
+    subprocess.run(
+        ["docker", "build", "--pull=false", "-q", "-t", "sandpit-sandbox:test-no-runner", "-"],
+        input=dockerfile.encode(),
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        capture_output=True,
+        check=True,
+    )
+    outdated = DockerProvider(
+        image="sandpit-sandbox:test-no-runner", installation=TEST_INSTALLATION
+    )
+    provider_id = outdated.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    try:
+        with pytest.raises(ProviderUnavailable, match="build-sandbox-image.sh"):
+            outdated.exec(provider_id, ExecRequest(command="true"))
+    finally:
+        outdated.destroy(provider_id)
