@@ -93,9 +93,11 @@ class _State:
         self.procs: dict[int, _Handle] = {}
         # One pid + mount namespace per sandbox, as in a VM: a holder (pid 1 inside) keeps
         # it alive with /home/user bound and its own /proc; commands join it with nsenter.
+        # /home is a tmpfs in there, so the host needs no /home/user.
         self.holder = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--mount-proc",
-             "sh", "-c", 'mount --bind "$1" /home/user && echo ready && exec sleep infinity',
+             "sh", "-c", 'mount -t tmpfs -o mode=755 fake-home /home && mkdir /home/user && '
+             'mount --bind "$1" /home/user && echo ready && exec sleep infinity',
              "sh", str(self.home)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

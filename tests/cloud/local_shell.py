@@ -16,7 +16,11 @@ from pathlib import Path
 from sandboxes.providers.base import SandboxGone, SandboxHandle, SandboxSpec, SandboxState
 from sandboxes.providers.cloud.shell import ShellCloudProvider
 
-_BIND = 'mount --bind "$1" /home/user && cd /home/user && exec sh -c "$2"'
+# /home is a tmpfs in the private mount namespace, so the host needs no /home/user.
+_BIND = (
+    "mount -t tmpfs -o mode=755 fake-home /home && mkdir /home/user && "
+    'mount --bind "$1" /home/user && cd /home/user && exec sh -c "$2"'
+)
 
 
 class LocalShellProvider(ShellCloudProvider):
