@@ -4,7 +4,8 @@
 
 For each provider: API create → first command result, and the command round trip, with
 1, 10 and 50 live sandboxes; beside the floor: `bwrap ... python3 -c pass` for local,
-`docker run --rm IMAGE python3 -c pass` and `docker exec` for docker.
+`docker run --rm IMAGE python3 -c pass` and `docker exec` for docker. The API runs the same
+argv (`{"command": "python3", "args": ["-c", "pass"]}`); the shell form is shown too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import time
 from _server import Api, bench_env, create_org_and_key, daphne, ensure_database, percentile
 
 COMMAND = "python3 -c pass"
+# The floor runs this argv without a shell, so the API's `args` form is the same command;
+# the shell form (`sh -c`, what `command` alone means) is reported beside it.
+ARGV_COMMAND = {"command": "python3", "args": ["-c", "pass"]}
 BWRAP = [
     "bwrap",
     "--ro-bind",
@@ -112,7 +116,7 @@ def product(api: Api, provider: str, runs: int, live: int) -> dict[str, list[flo
             status, body = api.call("POST", "/api/v1/sandboxes", {"provider": provider})
             assert status == 201, body
             status, result = api.call(
-                "POST", f"/api/v1/sandboxes/{body['id']}/commands", {"command": COMMAND}
+                "POST", f"/api/v1/sandboxes/{body['id']}/commands", ARGV_COMMAND
             )
             create_samples.append((time.perf_counter() - started) * 1000)
             assert status == 200 and result["exit_code"] == 0, result
@@ -127,13 +131,18 @@ def product(api: Api, provider: str, runs: int, live: int) -> dict[str, list[flo
             started = time.perf_counter()
             api.call("POST", f"/api/v1/sandboxes/{sid}/commands", {"command": "true"})
             true_samples.append((time.perf_counter() - started) * 1000)
+        shell_samples = []
         for _ in range(runs):
+            started = time.perf_counter()
+            status, result = api.call("POST", f"/api/v1/sandboxes/{sid}/commands", ARGV_COMMAND)
+            rtt_samples.append((time.perf_counter() - started) * 1000)
+            assert status == 200 and result["exit_code"] == 0, result
             started = time.perf_counter()
             status, result = api.call(
                 "POST", f"/api/v1/sandboxes/{sid}/commands", {"command": COMMAND}
             )
-            rtt_samples.append((time.perf_counter() - started) * 1000)
-            assert status == 200, result
+            shell_samples.append((time.perf_counter() - started) * 1000)
+            assert status == 200 and result["exit_code"] == 0, result
         api.call("DELETE", f"/api/v1/sandboxes/{sid}")
     finally:
         for sid in extra:
@@ -141,6 +150,7 @@ def product(api: Api, provider: str, runs: int, live: int) -> dict[str, list[flo
     return {
         f"API create + first command ({live} live)": create_samples,
         f"API command round trip ({live} live)": rtt_samples,
+        f"  same, shell form `sh -c` ({live} live)": shell_samples,
         f"  API read, no provider call ({live} live)": read_samples,
         f"  API command `true` ({live} live)": true_samples,
     }

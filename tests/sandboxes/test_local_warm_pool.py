@@ -441,3 +441,32 @@ def test_signals_do_not_reach_the_agent_of_a_claimed_jail(warm_provider, make_wa
     sandbox = make_warm()
     sh(warm_provider, sandbox, f"kill -9 1; kill -{int(signal.SIGTERM)} 1; kill -9 -1")
     assert sh(warm_provider, sandbox, "echo alive").stdout == b"alive\n"
+
+
+def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ignore[no-untyped-def]
+    # The pool's scheduling alone, with stand-in jails (the real ones are tested above).
+    from sandboxes.providers.local.pool import _REFILL_QUIET_S, WarmJail, WarmPool
+
+    spawned: list[float] = []
+
+    def spawn() -> WarmJail:
+        spawned.append(time.monotonic())
+        return WarmJail(jail_id=f"stand-in-{len(spawned)}", config_fd=-1)
+
+    pool = WarmPool(2, spawn, destroy=lambda jail_id: None)
+    try:
+        assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
+        assert pool.wait_full(10)
+        assert len(spawned) == 2
+        claimed_at = time.monotonic()
+        assert pool.claim(lambda warm: warm.jail_id) == "stand-in-1"
+        assert pool.wait_full(10)
+        # One jail was still idle, so its replacement waited for the quiet period.
+        assert spawned[2] - claimed_at >= _REFILL_QUIET_S
+        # Two quick claims empty the pool; then the refill does not wait.
+        assert pool.claim(lambda warm: warm) is not None
+        assert pool.claim(lambda warm: warm) is not None
+        assert pool.wait_full(10)
+        assert len(spawned) == 5
+    finally:
+        pool.close()

@@ -17,7 +17,8 @@ shows them once it has died, so the reconciler cleans up after a crash.
 child starts with an empty pool of its own: the parent's jails stay the parent's.
 
 One daemon thread per pool refills it, one jail at a time, so refilling never
-competes with a burst of creates for more than one core.
+competes with a burst of creates for more than one core, and after a quiet moment
+(`_REFILL_QUIET_S`) unless the pool ran empty.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ T = TypeVar("T")
 PREFIX = "warm-"
 _CLOSE_WAIT_S = 10.0
 _MAX_BACKOFF_S = 30.0
+_REFILL_QUIET_S = 0.1
+"""After a claim, a refill waits this long while warm jails remain, so a new sandbox's first
+commands do not compete with starting its replacement in this process (its thread, its
+cgroup and mount work): about 2 ms of the first API command here. With the pool empty the
+refill starts at once, since the next create would go cold."""
 
 
 def pool_name(owner_pid: int, owner_ticks: int) -> str:
@@ -101,6 +107,7 @@ class WarmPool:
         self._starting = 0
         self._closed = False
         self._failures = 0
+        self._last_claim = 0.0
         self._thread: threading.Thread | None = None
 
     def idle_count(self) -> int:
@@ -122,6 +129,7 @@ class WarmPool:
                 self._wake_locked()
                 return None
             warm = self._idle.pop(0)
+            self._last_claim = time.monotonic()
         try:
             return adopt(warm)
         except Exception:  # noqa: BLE001 - any failure means "start it cold instead"
@@ -170,6 +178,10 @@ class WarmPool:
                 )
                 if self._closed:
                     return
+                quiet_for = time.monotonic() - self._last_claim
+                if self._idle and quiet_for < _REFILL_QUIET_S:
+                    self._cond.wait(_REFILL_QUIET_S - quiet_for)
+                    continue
                 self._starting += 1
             warm = None
             try:
