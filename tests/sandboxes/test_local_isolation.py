@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -431,7 +432,12 @@ def test_pty_write_gives_up_when_the_shell_takes_no_input(local_provider, make_s
     session = local_provider.open_pty(sandbox)
     session.write_timeout_s = 0.5
     try:
-        session.write(b"exec sleep 1000\n")
+        # Non-canonical and no echo: the line discipline then throttles the writer once its
+        # buffer is full (in canonical mode it would drop input instead, and with echo on,
+        # whether it blocks depends on the output being read). The marker comes from the
+        # command itself, so the x's below cannot reach bash's line editor first.
+        session.write(b"stty -icanon -echo; echo stalled-$((6*7)); exec sleep 1000\n")
+        _read_pty_until(session, b"stalled-42")
         started = time.monotonic()
         with pytest.raises(ProviderError) as excinfo:
             for _ in range(64):
@@ -440,6 +446,19 @@ def test_pty_write_gives_up_when_the_shell_takes_no_input(local_provider, make_s
         assert time.monotonic() - started < 10
     finally:
         session.close()
+
+
+def _read_pty_until(session, needle: bytes, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while needle not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"{needle!r} not seen in {seen[-300:]!r}"
+        select.select([session.fileno()], [], [], min(remaining, 0.5))
+        try:
+            seen += session.read()
+        except BlockingIOError:
+            continue
 
 
 def _reaped(pid: int) -> bool:
