@@ -104,8 +104,8 @@ def test_resize_is_visible_inside(term):
 
 
 def test_resize_signals_the_foreground_process(term):
-    term.write(b"trap 'echo WIN$((6*7))' WINCH; sleep 30 & wait\n")
-    time.sleep(0.3)
+    term.write(b"trap 'echo WIN$((6*7))' WINCH; echo armed-$((1+1)); sleep 30 & wait\n")
+    read_until(term, b"armed-2")  # the trap is set
     term.resize(cols=90, rows=30)
     read_until(term, b"WIN42")
 
