@@ -16,10 +16,10 @@ def sandbox_get_for_principal(*, principal: Principal, sandbox_id: str) -> Sandb
     another sandbox all raise NotFound (never 403, which would confirm the id exists)."""
     if not principal.allows_sandbox(sandbox_id):
         raise NotFound("No such sandbox.", code="sandbox_not_found")
-    sandbox = Sandbox.objects.filter(pk=sandbox_id, organization=principal.organization).first()
-    if sandbox is None:
-        raise NotFound("No such sandbox.", code="sandbox_not_found")
-    return sandbox
+    try:
+        return Sandbox.objects.get(pk=sandbox_id, organization=principal.organization)
+    except Sandbox.DoesNotExist:
+        raise NotFound("No such sandbox.", code="sandbox_not_found") from None
 
 
 def sandboxes_for_org(
