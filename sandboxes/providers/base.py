@@ -144,8 +144,8 @@ class Resources:
     """Maximum number of processes/threads alive at once."""
     disk_mb: int = 512
     """Largest single file a process may write (and the workspace quota where enforced)."""
-    open_files: int = 256
-    """RLIMIT_NOFILE for every process."""
+    open_files: int = 1024
+    """RLIMIT_NOFILE for every process (Linux's usual soft limit; the local agent has it too)."""
     cpu_time_s: int = 600
     """CPU seconds a single process may use (RLIMIT_CPU)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -204,6 +205,59 @@ def test_disk_fill_stops_at_the_file_size_limit(local_provider, make_sandbox):
     )
     assert result.exit_code != 0
     assert local_provider.stat(victim, "big").size <= 8 * 1024 * 1024
+
+
+def test_commands_carry_every_limit_however_they_are_started(local_provider, make_sandbox):
+    # Commands in the default cwd are posix_spawned (the agent carries the inheritable
+    # limits; RLIMIT_CPU and the OOM preference are set right after exec); others are
+    # forked with every limit applied first. Both must end up with the same limits.
+    mib = 1024 * 1024
+    sandbox = make_sandbox(resources=Resources(open_files=300, disk_mb=16, cpu_time_s=1))
+    local_provider.mkdir(sandbox, "sub")
+    expected = f"300\n{16 * mib // 512}\n0\n".encode()
+    for cwd in (None, "sub"):
+        shown = local_provider.exec(
+            sandbox, ExecRequest(command="ulimit -n; ulimit -f; ulimit -c", cwd=cwd)
+        )
+        assert shown.stdout == expected, cwd
+        burn = local_provider.exec(
+            sandbox,
+            ExecRequest(command="python3", args=["-c", "while True: pass"], cwd=cwd, timeout_s=30),
+        )
+        assert burn.exit_code in (-signal.SIGXCPU, -signal.SIGKILL), (cwd, burn)
+        assert not burn.timed_out
+    # start_process answers once the process is fully set up: read what it really got.
+    proc = local_provider.start_process(sandbox, "sleep", args=["30"])
+    seen = sh(
+        local_provider, sandbox, f"cat /proc/{proc.pid}/limits /proc/{proc.pid}/oom_score_adj"
+    ).stdout.decode()
+    assert re.search(r"Max cpu time\s+1\s+1\s", seen), seen
+    assert re.search(r"Max open files\s+300\s+300\s", seen), seen
+    assert re.search(rf"Max file size\s+{16 * mib}\s+{16 * mib}\s", seen), seen
+    assert re.search(r"Max core file size\s+0\s+0\s", seen), seen
+    assert seen.rstrip().endswith("500")  # user code, not the agent, is the OOM victim
+
+
+def test_agent_outlives_running_out_of_descriptors(local_provider, make_sandbox):
+    # The agent carries the sandbox's fd limit; a flood of connections must make it wait
+    # for descriptors, not die, and the provider must wait for a full backlog to drain
+    # rather than call the sandbox stopped.
+    sandbox = make_sandbox(resources=Resources(open_files=256, pids=1024, memory_mb=512))
+    flood = []
+    try:
+        refused = 0
+        while len(flood) < 600 and refused < 25:
+            try:
+                flood.append(local_provider._connect(sandbox, timeout=0.05))
+                refused = 0
+            except SandboxGone:  # the backlog stayed full for 50 ms: the agent is at its limit
+                refused += 1
+        # More connections than the agent may hold descriptors: it hit EMFILE on accept.
+        assert len(flood) > 256
+    finally:
+        for conn in flood:
+            conn.close()
+    assert sh(local_provider, sandbox, "echo still-$((6*7))").stdout == b"still-42\n"
 
 
 def test_destroy_reaps_every_process_and_cgroup(local_provider, make_sandbox):

@@ -19,6 +19,10 @@ Being PID 1 of the jail's PID namespace, the agent cannot be killed by the
 user's code (the kernel drops signals to PID 1 without a handler) and must
 reap every orphan: one reaper thread owns ``wait4(-1)`` and hands statuses to
 whoever registered the PID.
+
+Commands start with posix_spawn (vfork) where they can: the agent then carries the
+sandbox's inheritable limits itself (see ``_limit_self``), which saves about a millisecond
+per command over forking this interpreter.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import _signal as signal
 import _socket as socket
 import _thread
+import errno
 import os
 import resource
 import select
@@ -75,6 +80,8 @@ IDLE_AFTER_EXIT_S = 0.05
 the command itself exited (a command like ``server &`` must not hang)."""
 KEEP_EXITED = 64
 """Exited background processes and terminals remembered for list/status."""
+_CHILD_OOM_SCORE_ADJ = b"500"
+"""Make user code, not the agent, the memory-cgroup OOM victim."""
 
 
 class Event:
@@ -186,11 +193,76 @@ def _child_setup(cwd: str, tty: bool) -> None:
     try:
         # Make user code, not the agent, the memory-cgroup OOM victim.
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        os.write(fd, b"500")
+        os.write(fd, _CHILD_OOM_SCORE_ADJ)
         os.close(fd)
     except OSError:
         pass
     os.chdir(cwd)
+
+
+WORKSPACE = "/workspace"
+"""The agent's own working directory (bwrap --chdir), the default cwd of commands."""
+SPAWN_LIMITS = {"fast": False}
+"""Whether the agent carries the sandbox's inheritable limits itself (see _limit_self)."""
+_FAST_MIN_NOFILE = 256
+"""Below this the agent keeps its own fd limit and every command is forked."""
+
+
+def _limit_self() -> None:
+    """Take on the sandbox's limits that the agent can live with, so that commands may be
+    started with posix_spawn (vfork: about 1 ms less per command than os.fork, which
+    copies this interpreter and runs Python in the child) and still inherit them.
+
+    RLIMIT_NOFILE, RLIMIT_FSIZE (the agent writes no regular files; Python ignores
+    SIGXFSZ) and RLIMIT_CORE are taken on here, hard limits included, before any command
+    can run. RLIMIT_CPU would count the agent's own lifetime CPU, so _limit_child sets it
+    on each spawned command right after exec: a CPU-seconds limit a few microseconds
+    late changes nothing. With RLIMIT_AS (no memory cgroup) or a small fd limit the agent
+    keeps its own limits and every command is forked with all of them applied first."""
+    rlimits = CONFIG.get("rlimits", {})
+    if "RLIMIT_AS" in rlimits or rlimits.get("RLIMIT_NOFILE", 1 << 20) < _FAST_MIN_NOFILE:
+        return
+    if os.getcwd() != WORKSPACE:
+        return
+    for name in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE"):
+        if name in rlimits:
+            value = rlimits[name]
+            resource.setrlimit(getattr(resource, name), (value, value))
+    SPAWN_LIMITS["fast"] = True
+
+
+def _limit_child(pid: int) -> None:
+    """What a posix_spawned command cannot inherit from the agent (see _limit_self)."""
+    value = CONFIG.get("rlimits", {}).get("RLIMIT_CPU")
+    try:
+        if value is not None:
+            resource.prlimit(pid, resource.RLIMIT_CPU, (value, value))
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, _CHILD_OOM_SCORE_ADJ)
+        finally:
+            os.close(fd)
+    except OSError:  # it has exited already
+        pass
+
+
+def _posix_spawn(
+    program: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]
+) -> int | None:
+    """vfork+exec in a new session; None when exec failed (the fork path reports it)."""
+    try:
+        return os.posix_spawn(
+            program,
+            argv,
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+            setsid=True,
+            setsigmask=(),
+            # Python ignores SIGPIPE and SIGXFSZ; user code expects the defaults.
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+    except OSError:
+        return None
 
 
 def spawn(
@@ -204,9 +276,22 @@ def spawn(
     tty: bool = False,
     wake_w: int | None = None,
 ) -> Child:
-    """fork+exec in a new session with the sandbox rlimits; never raises for exec errors
-    (the child prints them and exits 127, like a shell)."""
+    """Start a command in a new session with the sandbox rlimits; never raises for exec
+    errors (the child prints them and exits 127, like a shell). posix_spawn when the agent
+    carries the limits and nothing else is needed (no terminal, the default cwd), else
+    fork+exec with everything applied in the child."""
     program = _which(argv[0], env.get("PATH", ""))
+    if SPAWN_LIMITS["fast"] and not tty and cwd == WORKSPACE and program is not None:
+        with REAPER.lock:
+            pid = _posix_spawn(program, argv, env, fds)
+            if pid is not None:
+                child = Child(pid, command, kind)
+                child.wake_w = wake_w
+                REAPER.children[pid] = child
+        if pid is not None:
+            _limit_child(pid)
+            REAPER.has_children.set()
+            return child
     with REAPER.lock:
         pid = os.fork()
         if pid == 0:  # child: only syscalls from here on
@@ -828,6 +913,7 @@ def await_config() -> None:
                 os._exit(70)
             os.environ.update(env)
             CONFIG["rlimits"] = rlimits
+        _limit_self()
         CONFIG["config_fd"] = None
 
 
@@ -899,6 +985,8 @@ def _try_send(conn: socket.socket, obj: dict) -> None:
 
 def main() -> None:
     CONFIG.update(json_loads(sys.argv[1]))
+    if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
+        _limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code
     # cannot signal the agent; the host kills the jail with SIGKILL.
     path = CONFIG["socket"]
@@ -920,6 +1008,11 @@ def main() -> None:
         try:
             fd, _ = server._accept()
         except InterruptedError:
+            continue
+        except OSError as exc:  # out of fds (its limit is the sandbox's): wait, do not die
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise
+            time.sleep(0.05)
             continue
         conn = socket.socket(fileno=fd)
         try:

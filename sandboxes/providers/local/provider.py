@@ -823,7 +823,7 @@ class LocalProvider:
                 # descriptor of its directory instead.
                 dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
                 target = f"/proc/self/fd/{dir_fd}/agent.sock"
-            sock.connect(target)
+            _connect_patiently(sock, target, timeout)
         except OSError:
             sock.close()
             if not (self.root_dir / provider_id).exists():
@@ -865,6 +865,22 @@ def _check_env(env: Mapping[str, str]) -> None:
     for key, value in env.items():
         if not key or "=" in key or "\x00" in key or "\x00" in value:
             raise InvalidRequest(f"invalid environment variable {key!r}")
+
+
+def _connect_patiently(sock: socket.socket, target: str, timeout: float) -> None:
+    """connect(), waiting while the agent's listen backlog is full: a Unix socket answers
+    that with EAGAIN at once (the agent is busy, e.g. out of descriptors), not by blocking."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            sock.connect(target)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
 def _jail_cwd(cwd: str | None) -> str:
