@@ -308,6 +308,10 @@ class PtySession(Protocol):
 class PortStream(Protocol):
     """A connected byte stream to a TCP port inside the sandbox (for previews).
 
+    `fileno()` carries exactly the port's bytes, no framing or TLS records: callers select
+    on it, or hand a duplicate of it to asyncio or a WebSocket client (the preview proxy
+    does). A provider whose transport frames or encrypts bridges it onto a socketpair.
+
     A stream may carry `host_header`: the Host an HTTP client must send through it (a
     cloud edge that routes by host); without it, `localhost:<port>`."""
 

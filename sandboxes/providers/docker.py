@@ -62,7 +62,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -688,55 +688,92 @@ class DockerPtySession:
 
 
 class DockerPortStream:
-    """A relay exec to 127.0.0.1:port inside the container, demultiplexed in place.
+    """A relay exec to 127.0.0.1:port inside the container, as a plain byte stream.
 
     The exec has no TTY: a TTY would make the Engine scan our bytes for its
-    detach keys (ctrl-p ctrl-q) and cut the stream. Without one, the Engine
-    frames output as [stream, 0, 0, 0, size] + payload; `recv` reads one header
-    and then at most the rest of that frame straight from the socket, so no
-    payload ever waits in a user-space buffer and `fileno()` readiness stays
-    truthful for callers that select or add_reader on it.
+    detach keys and cut the stream. Without one, the Engine frames output as
+    [stream, 0, 0, 0, size] + payload. After the relay's greeting (`greet`), two
+    threads bridge the exec socket onto one end of a socketpair, dropping the
+    frame headers on the way out; `fileno()` is the other end. So, as the
+    PortStream contract says, the descriptor carries exactly the port's bytes:
+    callers may select on it or hand a duplicate to asyncio or websockets.
     """
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
-        self._sock = _raw_socket(stream)
-        self._sock.setblocking(True)
-        self._left = 0
-        """Payload bytes of the current stdout frame still in the socket."""
+        self._raw = _raw_socket(stream)
+        self._raw.setblocking(True)
+        self._sock: socket.socket | None = None
         self._closed = False
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
 
     def _read_exactly(self, n: int) -> bytes:
         data = b""
         while len(data) < n:
-            chunk = self._sock.recv(n - len(data))
+            chunk = self._raw.recv(n - len(data))
             if not chunk:
                 return b""
             data += chunk
         return data
 
+    def greet(self, timeout_s: float) -> bytes:
+        """The relay's first stderr frame (sent before any payload), then start bridging."""
+        self._raw.settimeout(timeout_s)
+        try:
+            header = self._read_exactly(_FRAME.size)
+            stream_id, size = _FRAME.unpack(header) if header else (0, 0)
+            greeting = self._read_exactly(size) if stream_id == 2 else b""
+        except OSError:
+            greeting = b""
+        self._raw.settimeout(None)
+        self._sock, inner = socket.socketpair()
+        threading.Thread(target=self._demultiplex, args=(inner,), daemon=True).start()
+        threading.Thread(target=self._forward, args=(inner,), daemon=True).start()
+        return greeting
+
+    def _demultiplex(self, inner: socket.socket) -> None:
+        """Exec output frames -> the socketpair: stdout payloads only (stderr is the relay's)."""
+        try:
+            while header := self._read_exactly(_FRAME.size):
+                stream_id, size = _FRAME.unpack(header)
+                while size:
+                    chunk = self._raw.recv(min(size, 65536))
+                    if not chunk:
+                        return
+                    size -= len(chunk)
+                    if stream_id == 1:
+                        inner.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with suppress(OSError):
+                inner.shutdown(socket.SHUT_WR)
+
+    def _forward(self, inner: socket.socket) -> None:
+        """The socketpair -> the exec's stdin (not framed); EOF ends the relay's input."""
+        try:
+            while chunk := inner.recv(65536):
+                self._raw.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with suppress(OSError):
+                self._raw.shutdown(socket.SHUT_WR)
+            inner.close()
+
+    def fileno(self) -> int:
+        assert self._sock is not None, "greet() first"
+        return self._sock.fileno()
+
     def recv(self, max_bytes: int = 65536) -> bytes:
         """Up to max_bytes from the port; b"" when either side closed."""
+        assert self._sock is not None, "greet() first"
         try:
-            while self._left == 0:
-                header = self._read_exactly(_FRAME.size)
-                if not header:
-                    return b""
-                stream_id, size = _FRAME.unpack(header)
-                if stream_id == 1:
-                    self._left = size
-                elif size and not self._read_exactly(size):
-                    return b""
-            chunk = self._sock.recv(min(max_bytes, self._left))
+            return self._sock.recv(max_bytes)
         except (ConnectionResetError, BrokenPipeError):
             return b""
-        self._left -= len(chunk)
-        return chunk
 
     def sendall(self, data: bytes) -> None:
+        assert self._sock is not None, "greet() first"
         self._sock.sendall(data)
 
     def close(self) -> None:
@@ -744,11 +781,12 @@ class DockerPortStream:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        for sock in (self._sock, self._raw):
+            if sock is None:
+                continue
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         self._stream.close()
 
 
@@ -1469,15 +1507,7 @@ class DockerProvider:
             )["Id"]
             stream = api.exec_start(exec_id, socket=True)
         port_stream = DockerPortStream(stream)
-        # The relay's greeting is one stderr frame, sent before any payload.
-        port_stream._sock.settimeout(15.0)
-        try:
-            header = port_stream._read_exactly(_FRAME.size)
-            stream_id, size = _FRAME.unpack(header) if header else (0, 0)
-            greeting = port_stream._read_exactly(size) if stream_id == 2 else b""
-        except OSError:
-            greeting = b""
-        port_stream._sock.settimeout(None)
+        greeting = port_stream.greet(timeout_s=15.0)
         if greeting.strip() != b"SANDPIT-PORT-OK":
             port_stream.close()
             if b"SANDPIT-PORT-ERR" in greeting:

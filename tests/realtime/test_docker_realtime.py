@@ -55,4 +55,24 @@ def test_docker_terminal_python_resize_ctrl_c_and_preview(server, rt_api_a, key_
     opened = recv_json(events, "port_open", timeout=20)
     page = rt_api_a.get(opened["url"])
     assert page.status_code == 200 and "from-docker.txt" in page.text
+    # A body of many Engine frames arrives byte for byte (no frame headers leak through).
+    blob = bytes(range(256)) * 1200
+    put = rt_api_a.put(
+        f"/api/v1/sandboxes/{docker_sbx}/files/content", params={"path": "blob.bin"}, content=blob
+    )
+    assert put.status_code in (200, 201, 204), put.text
+    fetched = rt_api_a.get(opened["url"] + "blob.bin")
+    assert fetched.status_code == 200 and fetched.content == blob
     events.close()
+
+
+def test_docker_websocket_preview_echoes(server, rt_api_a, key_a, docker_sbx):  # type: ignore[no-untyped-def]
+    from .test_preview_websocket import _start_echo_server
+
+    prefix = _start_echo_server(rt_api_a, docker_sbx)
+    with server.ws(f"{prefix}/echo", key=key_a) as ws:
+        assert ws.recv(timeout=10) == "path /echo"
+        ws.send("hello, container")
+        assert ws.recv(timeout=10) == "hello, container"
+        ws.send(b"\x00\xff" * 40000)
+        assert ws.recv(timeout=10) == b"\x00\xff" * 40000
