@@ -7,7 +7,8 @@ For each provider: API create → first command result, and the command round tr
 (interleaved, so this machine's drifting speed moves both alike): `bwrap ... python3 -c pass`
 for local, `docker run --rm IMAGE python3 -c pass` and `docker exec` for docker. The API runs
 the same argv (`{"command": "python3", "args": ["-c", "pass"]}`); the shell form is shown too.
-Each block ends with the issue's targets at p50, met or not.
+Each block ends with the issue's targets at p50, met or not. Five untimed rounds per provider
+come first (server start-up and the warm pool's first fill are not steady-state costs).
 """
 
 from __future__ import annotations
@@ -178,6 +179,17 @@ def verdicts(provider: str, floors: Floors, samples: dict[str, list[float]]) -> 
     ]
 
 
+def warm_up(api: Api, floors: Floors, rounds: int = 5) -> None:
+    """Untimed rounds first: the server's first requests (imports, connection pools) and the
+    local warm pool's first fill are start-up costs, not what a running server pays."""
+    for _ in range(rounds):
+        floors.create()
+        status, body = api.call("POST", "/api/v1/sandboxes", {"provider": floors.provider})
+        assert status == 201, body
+        api.call("POST", f"/api/v1/sandboxes/{body['id']}/commands", ARGV_COMMAND)
+        api.call("DELETE", f"/api/v1/sandboxes/{body['id']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--providers", default="local,docker")
@@ -195,6 +207,7 @@ def main() -> None:
         for provider in providers:
             floors = Floors(provider)
             try:
+                warm_up(api, floors)
                 for live in [int(n) for n in args.live.split(",")]:
                     print(f"\n== {provider}, {live} live ==")
                     samples = product(api, floors, args.runs, live)
