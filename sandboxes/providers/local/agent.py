@@ -217,7 +217,9 @@ def _limit_self() -> None:
     SIGXFSZ) and RLIMIT_CORE are taken on here, hard limits included, before any command
     can run. RLIMIT_CPU would count the agent's own lifetime CPU, so _limit_child sets it
     on each spawned command right after exec: a CPU-seconds limit a few microseconds
-    late changes nothing. With RLIMIT_AS (no memory cgroup) or a small fd limit the agent
+    late changes nothing for the command (a child it forked within those microseconds
+    would keep no CPU-seconds limit; the cgroup's CPU quota, the command timeout and the
+    pids limit still hold it). With RLIMIT_AS (no memory cgroup) or a small fd limit the agent
     keeps its own limits and every command is forked with all of them applied first."""
     rlimits = CONFIG.get("rlimits", {})
     if "RLIMIT_AS" in rlimits or rlimits.get("RLIMIT_NOFILE", 1 << 20) < _FAST_MIN_NOFILE:
