@@ -90,7 +90,9 @@ static int kill_tagged(void) {
     int found = 0;
     DIR *proc = opendir("/proc");
     if (!proc) return 0;
-    static char env[1 << 16];
+    /* An environment can be as large as ARG_MAX: read all of it, growing the buffer. */
+    static char *env = NULL;
+    static size_t cap = 0;
     struct dirent *entry;
     while ((entry = readdir(proc)) != NULL) {
         char *end;
@@ -100,7 +102,20 @@ static int kill_tagged(void) {
         snprintf(path, sizeof path, "/proc/%ld/environ", pid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
-        ssize_t len = read(fd, env, sizeof env - 1);
+        ssize_t len = 0;
+        for (;;) {
+            if ((size_t)len + 1 >= cap) {
+                size_t grown = cap ? cap * 2 : (1 << 16);
+                char *bigger = realloc(env, grown);
+                if (!bigger) break;
+                env = bigger;
+                cap = grown;
+            }
+            ssize_t n = read(fd, env + len, cap - (size_t)len - 1);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            len += n;
+        }
         close(fd);
         if (len <= 0) continue;
         env[len] = 0;

@@ -204,6 +204,23 @@ def test_timeout_also_kills_children_that_left_the_process_group(docker_provider
     assert b"sleep 30" not in left, left
 
 
+def test_timeout_finds_escaped_children_with_a_huge_environment(docker_provider, make_sandbox):
+    # The runner finds escaped children by the tag in their environment: all of it is read,
+    # however large (here the tag sits after 200 KB of other variables).
+    sandbox = make_sandbox()
+    result = docker_provider.exec(
+        sandbox,
+        ExecRequest(
+            command="setsid sleep 304 & sleep 305",
+            env={f"PAD{i}": "x" * 20_000 for i in range(10)},
+            timeout_s=1,
+        ),
+    )
+    assert result.timed_out and result.exit_code == -9
+    left = sh(docker_provider, sandbox, "ps -eo args").stdout
+    assert b"sleep 30" not in left, left
+
+
 def test_connect_port_is_byte_transparent(docker_provider, make_sandbox):
     sandbox = make_sandbox()
     echo = (
