@@ -7,7 +7,9 @@ broken set-up, not a reason to pass quietly.
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 import pytest
 
@@ -17,3 +19,12 @@ def missing_part(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: make test provides this part, so this is a set-up bug)")
     pytest.skip(reason)
+
+
+def require_module(name: str, why: str) -> ModuleType:
+    """The imported module, or missing_part(why) when it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing_part(why)
+        raise  # missing_part never returns

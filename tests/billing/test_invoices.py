@@ -194,4 +194,7 @@ def test_tasks_are_thin_and_idempotent(org_a, monkeypatch):  # type: ignore[no-u
     metering_record(organization_id=org_a.pk, api_key_id=None, operation="command")
     assert tasks.flush_usage() == 1
     assert tasks.flush_usage() == 0
-    assert tasks.close_billing_periods() == tasks.close_billing_periods()
+    backdate(org_a)  # a premium organization older than last month: it owes last month's base
+    assert tasks.close_billing_periods() == 1
+    assert tasks.close_billing_periods() == 0  # already issued: no second invoice
+    assert Invoice.objects.filter(organization=org_a).count() == 1

@@ -13,14 +13,14 @@ import uuid
 import pytest
 
 from sandboxes.providers.base import SandboxProvider, SandboxSpec
-from tests.requirements import missing_part
+from tests.requirements import missing_part, require_module
 
 FAKE_E2B_KEY = "e2b_test_key"
 
 
 @pytest.fixture(scope="session")
 def fake_e2b_cloud(tmp_path_factory):  # type: ignore[no-untyped-def]
-    pytest.importorskip("e2b", reason="the e2b extra is not installed")
+    require_module("e2b", "the e2b extra is not installed (pip install -e .[cloud])")
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         missing_part("the e2b fake binds each sandbox at /home/user with unshare (needs root)")
     from tests.cloud.fake_e2b import FakeCloud

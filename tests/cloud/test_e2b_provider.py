@@ -21,6 +21,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
 )
 from tests.conftest import assert_error
+from tests.requirements import require_module
 
 ALL_CLOUD_VARIABLES = sorted({v for alts in CLOUD_CREDENTIALS.values() for a in alts for v in a})
 
@@ -51,7 +52,7 @@ def _params(fn) -> set[str]:  # type: ignore[no-untyped-def]
 def test_fake_matches_sdk_signatures(fake_e2b_cloud):  # type: ignore[no-untyped-def]
     """Every method the fake offers exists in the SDK with (at least) the same parameters.
     (Reading the SDK's own classes is the point here, hence the TID251 exceptions.)"""
-    e2b = pytest.importorskip("e2b", reason="the e2b extra is not installed")
+    e2b = require_module("e2b", "the e2b extra is not installed (pip install -e .[cloud])")
     from e2b.sandbox_sync.commands.command import Commands
     from e2b.sandbox_sync.commands.command_handle import CommandHandle
     from e2b.sandbox_sync.commands.pty import Pty
@@ -168,7 +169,7 @@ def test_pty_honours_another_shell(e2b_provider, sandbox):  # type: ignore[no-un
 
 
 def test_sandpit_providers_e2b_with_key_builds_the_adapter(settings, no_cloud_credentials):  # type: ignore[no-untyped-def]
-    pytest.importorskip("e2b", reason="the e2b extra is not installed")
+    require_module("e2b", "the e2b extra is not installed (pip install -e .[cloud])")
     from sandboxes.providers.e2b import E2BProvider
 
     settings.SANDPIT_PROVIDERS = ["e2b"]
@@ -179,7 +180,7 @@ def test_sandpit_providers_e2b_with_key_builds_the_adapter(settings, no_cloud_cr
 
 
 def test_auto_detection_picks_e2b_when_only_its_key_is_set(settings, no_cloud_credentials):  # type: ignore[no-untyped-def]
-    pytest.importorskip("e2b", reason="the e2b extra is not installed")
+    require_module("e2b", "the e2b extra is not installed (pip install -e .[cloud])")
     from sandboxes.providers.e2b import E2BProvider
 
     settings.SANDPIT_PROVIDERS = ["local", "auto"]

@@ -47,8 +47,10 @@ def wait_for(fn: Callable[[], T | None], timeout: float = DEADLINE_S, every: flo
 
 
 def needs(provider: SandboxProvider, capability: Capability) -> None:
+    """A provider that lacks `capability` must replace this test with one showing that it
+    refuses the operation (see tests/cloud/test_shell_layer_contract.py)."""
     if capability not in provider.capabilities:
-        pytest.skip(f"{provider.name} lacks {capability.value}")
+        pytest.fail(f"{provider.name} lacks {capability.value}: override this contract test")
 
 
 def sh(provider: SandboxProvider, sandbox: str, command: str, **kw):  # type: ignore[no-untyped-def]
