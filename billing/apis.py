@@ -21,6 +21,17 @@ from accounts.permissions import HasOrganization, IsOrganizationManager, princip
 from . import pricing, selectors, services
 from .models import Invoice
 
+# A spreadsheet treats a cell starting with one of these as a formula (=HYPERLINK(...) can
+# exfiltrate the sheet); API key names are chosen by users, so such cells get a leading quote.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe_cell(value: object) -> object:
+    """`value`, with text that a spreadsheet would run as a formula prefixed by a single quote."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
 
 class CsvRenderer(BaseRenderer):
     """Lets `?format=csv` and `usage.csv` through content negotiation; errors stay JSON."""
@@ -136,7 +147,9 @@ class UsageApi(JsonErrorsMixin, APIView):
         for day, key_id, name, count in selectors.usage_rows(
             organization=organization, start=start
         ):
-            writer.writerow([day.isoformat(), key_id or "", name, count])
+            writer.writerow(
+                [csv_safe_cell(c) for c in (day.isoformat(), key_id or "", name, count)]
+            )
         response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="usage-{start:%Y-%m}.csv"'
         return response
