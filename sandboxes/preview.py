@@ -6,15 +6,24 @@ Location and Set-Cookie paths are rewritten back under it, hop-by-hop headers an
 own credentials are never forwarded.
 
 Auth, in order: ?token=<sandbox token with the 'ports' scope> (then remembered in an
-HttpOnly cookie scoped to this preview's path so subresources work), `Authorization: Bearer`
-API key or token, that cookie, or the browser session of an organization member (who also
-gets the cookie). Feature 'ports' (Premium); one execution per page/API request
-(browser subresources - scripts, styles, images - are not counted) and per WebSocket.
+HttpOnly SameSite=Lax cookie scoped to this preview's path), `Authorization: Bearer` API
+key or token, that cookie, or the browser session of an organization member (checked on
+every request, so logging out or leaving the organization ends access at once). A request
+authenticated by a cookie (the preview cookie or the session) with an unsafe method must
+come from Sandpit's own origin (Sec-Fetch-Site, else Origin): another site, or another
+origin on the same site, cannot make the viewer's browser act on a preview.
+
+Feature 'ports' (Premium); one execution per request and per WebSocket. The one exemption:
+subresources (scripts, styles, images...) loaded same-origin by a member's browser session,
+as told by Sec-Fetch-Dest/Sec-Fetch-Site, which only the browser sets. Requests with an API
+key or token always count, whatever headers they carry.
 
 Previews are served from Sandpit's own origin, so by default every proxied response carries
 `Content-Security-Policy: sandbox ...` without allow-same-origin: the sandbox's pages run in
 an opaque origin and cannot call Sandpit's API with the viewer's session. Deployments that
 serve previews from a separate origin can turn that off (SANDPIT_PREVIEW_CSP_SANDBOX=False).
+Headers whose effect reaches beyond the one response (ORIGIN_WIDE_HEADERS, and upstream
+cookies named like Sandpit's own) are dropped, and every response is `Cache-Control: private`.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import os
 import re
 import socket
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from asgiref.sync import sync_to_async
 from channels.auth import AuthMiddlewareStack
@@ -66,6 +75,33 @@ CSP_SANDBOX = (
 )
 SUBRESOURCE_DESTS = frozenset(
     {"script", "style", "image", "font", "audio", "video", "track", "manifest", "worker"}
+)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+ORIGIN_WIDE_HEADERS = frozenset(
+    {
+        # Act on the whole origin (Sandpit's), not on the one response: clearing the viewer's
+        # cookies and storage, pinning HSTS or an alternative service for the host, widening
+        # service worker scope, the FedCM login status, origin-keyed agent clusters, network
+        # error logging and reporting endpoints, client hints remembered for the origin.
+        "clear-site-data",
+        "strict-transport-security",
+        "alt-svc",
+        "service-worker-allowed",
+        "set-login",
+        "origin-agent-cluster",
+        "nel",
+        "report-to",
+        "accept-ch",
+        "critical-ch",
+        "expect-ct",
+        "public-key-pins",
+        "public-key-pins-report-only",
+        # Caching directives aimed at shared caches (RFC 9213 and vendors' forms): a CDN in
+        # front of Sandpit would otherwise keep an authenticated preview for everyone.
+        "surrogate-control",
+        "cdn-cache-control",
+        "expires",
+    }
 )
 READ_BYTES = 65536
 HEAD_LIMIT_BYTES = 64 * 1024
@@ -111,9 +147,34 @@ def _forward_cookie(value: str) -> str:
     return "; ".join(kept)
 
 
-def _rewrite_set_cookie(value: str, prefix: str) -> str:
+def _own_cookie_names() -> frozenset[str]:
+    return frozenset(
+        {
+            COOKIE_NAME,
+            settings.SESSION_COOKIE_NAME,
+            settings.CSRF_COOKIE_NAME,
+            settings.LANGUAGE_COOKIE_NAME,
+        }
+    )
+
+
+def _origin_wide(name: str) -> bool:
+    return name in ORIGIN_WIDE_HEADERS or name.endswith("-cdn-cache-control")
+
+
+def _cache_control(upstream: str | None) -> str:
+    """Private always; `no-cache` (revalidate with Sandpit, which re-checks the viewer's
+    credentials) unless the sandbox asked for no-store."""
+    directives = {d.strip().split("=", 1)[0].lower() for d in (upstream or "").split(",")}
+    return "private, no-store" if "no-store" in directives else "private, no-cache"
+
+
+def _rewrite_set_cookie(value: str, prefix: str) -> str | None:
     """Pin the sandbox's cookies under its preview path so it can never set cookies for
-    the rest of Sandpit (a 'sessionid' for '/', say)."""
+    the rest of Sandpit (a 'sessionid' for '/', say); None (drop it) for a cookie named
+    like one of Sandpit's own, which would shadow or replace the viewer's under the prefix."""
+    if value.split(";", 1)[0].partition("=")[0].strip() in _own_cookie_names():
+        return None
     parts = [p for p in value.split(";") if p.strip()]
     kept = [parts[0].strip()] + [
         p.strip()
@@ -145,18 +206,47 @@ async def _send_json(send: Any, status: int, code: str, message: str, **headers:
         (b"content-length", str(len(body)).encode()),
     ]
     raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+    raw_headers.append((b"cache-control", b"no-store"))
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
 
 
 def _preview_cookie(scope: dict[str, Any], token: str, prefix: str) -> str:
-    secure = scope.get("scheme") in ("https", "wss")
-    host = dict(_headers(scope)).get("host", "").rsplit(":", 1)[0]
-    local = host in ("localhost", "127.0.0.1", "[::1]")
-    same_site = "SameSite=None; Secure" if secure or local else "SameSite=Lax"
+    """Lax: another site's page cannot send it (a cross-site form POST, an image). Pages
+    of a preview run in an opaque origin (CSP sandbox), so their own subresources are
+    cross-site to the browser and carry no cookie of Sandpit's, SameSite=None included
+    (third-party cookies): those need ?token= in their URLs either way."""
+    secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
     return (
         f"{COOKIE_NAME}={token}; Path={prefix}/; Max-Age={PREVIEW_TOKEN_TTL_S}; "
-        f"HttpOnly; {same_site}"
+        f"HttpOnly; SameSite=Lax{secure}"
+    )
+
+
+def _cross_site_unsafe(scope: dict[str, Any], header_map: dict[str, str]) -> bool:
+    """An unsafe method sent by a page of another origin. Sec-Fetch-Site when the browser
+    sends it (every current one does), else Origin against the Host we were asked for; a
+    client sending neither is not a browser carrying someone else's cookies."""
+    if scope["method"] in SAFE_METHODS:
+        return False
+    site = header_map.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = header_map.get("origin")
+    if origin is None:
+        return False
+    return origin == "null" or urlsplit(origin).netloc != header_map.get("host", "")
+
+
+def _exempt_subresource(principal: Any, header_map: dict[str, str]) -> bool:
+    """A same-origin subresource of a member's browser session. Sec-Fetch-* are forbidden
+    header names, so page scripts cannot set them; a program can, so API keys and tokens
+    never get this."""
+    session = principal.user is not None and principal.token is None and principal.api_key is None
+    return (
+        session
+        and header_map.get("sec-fetch-dest") in SUBRESOURCE_DESTS
+        and header_map.get("sec-fetch-site") == "same-origin"
     )
 
 
@@ -188,18 +278,6 @@ async def _authorize(scope: dict[str, Any], sandbox_id: str) -> tuple[Any, Any]:
         feature="ports",
         cookie_token=_cookies(scope).get(COOKIE_NAME),
     )
-
-
-def _mint_preview_token(principal: Any, sandbox: Any) -> str:
-    from accounts.tokens import sandbox_token_encode
-
-    token, _ = sandbox_token_encode(
-        sandbox_id=sandbox.id,
-        organization_id=principal.organization.pk,
-        scopes=["ports"],
-        ttl_s=PREVIEW_TOKEN_TTL_S,
-    )
-    return token
 
 
 async def _open_port(sandbox: Any, port: int) -> _Upstream:
@@ -260,11 +338,15 @@ class PreviewHttpProxy:
         query_token = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("token")
         if query_token:
             set_cookie = _preview_cookie(scope, query_token, prefix)
-        elif principal.user is not None and COOKIE_NAME not in _cookies(scope):
-            token = await sync_to_async(_mint_preview_token, thread_sensitive=False)(
-                principal, sandbox
+        elif "authorization" not in header_map and _cross_site_unsafe(scope, header_map):
+            await _send_json(
+                send,
+                403,
+                "cross_site_request",
+                "A preview authenticated by cookie accepts unsafe methods only from Sandpit's "
+                "own origin; send ?token= or an Authorization header.",
             )
-            set_cookie = _preview_cookie(scope, token, prefix)
+            return
         try:
             upstream = await _open_port(sandbox, port)
         except InvalidRequest as exc:
@@ -273,10 +355,9 @@ class PreviewHttpProxy:
         except ProviderError as exc:
             await _send_json(send, 502, exc.code, exc.message)
             return
-        if header_map.get("sec-fetch-dest", "document") not in SUBRESOURCE_DESTS:
-            asyncio.ensure_future(
-                database_sync_to_async(realtime_record)(principal, "ports.request")
-            )
+        if not _exempt_subresource(principal, header_map):
+            # Awaited, not fire-and-forget: a request is counted before its answer leaves.
+            await database_sync_to_async(realtime_record)(principal, "ports.request")
         try:
             await self._relay(
                 scope, receive, send, upstream, rest, query, headers, prefix, port, set_cookie
@@ -390,17 +471,24 @@ class PreviewHttpProxy:
         length = next((v for n, v in response_headers if n == "content-length"), None)
         out: list[tuple[bytes, bytes]] = []
         for name, value in response_headers:
-            if name in HOP_BY_HOP or name in listed:
+            if name in HOP_BY_HOP or name in listed or _origin_wide(name):
                 continue
             if name == "content-length" and chunked:
+                continue
+            if name == "cache-control":
                 continue
             if name == "location":
                 value = _rewrite_location(value, prefix, port)
             elif name == "set-cookie":
-                value = _rewrite_set_cookie(value, prefix)
+                rewritten = _rewrite_set_cookie(value, prefix)
+                if rewritten is None:
+                    continue
+                value = rewritten
             elif name == "content-security-policy" and csp_sandbox_enabled():
                 continue
             out.append((name.encode("latin-1"), value.encode("latin-1")))
+        upstream_cache = next((v for n, v in response_headers if n == "cache-control"), None)
+        out.append((b"cache-control", _cache_control(upstream_cache).encode()))
         if csp_sandbox_enabled():
             out.append((b"content-security-policy", CSP_SANDBOX.encode()))
         out.append((b"x-content-type-options", b"nosniff"))
