@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from sandboxes.providers.base import ProviderError
+
+logger = logging.getLogger("django.request")
 
 
 class ApplicationError(Exception):
@@ -99,6 +104,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
         return Response(error_body(exc.code, exc.message), status=exc.http_status)
     if isinstance(exc, DjangoValidationError):
         return Response(error_body("validation_error", "; ".join(exc.messages)), status=400)
+    if isinstance(exc, RequestDataTooBig):
+        # Raised by request.body when a JSON body passes DATA_UPLOAD_MAX_MEMORY_SIZE.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body("payload_too_large", f"JSON bodies are limited to {limit} bytes."),
+            status=413,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -106,7 +118,17 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
 
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        # Anything else is our bug. Logged with its traceback; the client gets the one
+        # shape without it, even under DEBUG (a debug page would show settings and code).
+        request = context.get("request")
+        logger.error(
+            "Internal Server Error: %s",
+            getattr(request, "path", "?"),
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+        return Response(
+            error_body("internal_error", "Something went wrong on our side."), status=500
+        )
     if isinstance(exc, exceptions.ValidationError):
         response.data = error_body(
             "validation_error", _first_message(exc.detail), details=exc.detail
@@ -131,6 +153,14 @@ def _is_api(request: Any) -> bool:
 
 def json_error_response(code: str, message: str, status_code: int) -> JsonResponse:
     return JsonResponse(error_body(code, message), status=status_code)
+
+
+@csrf_exempt
+def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Every /api/ path no route matched, any method: the JSON 404. A URL pattern rather
+    than handler404 alone, because under DEBUG Django answers a miss with its HTML page
+    listing every URL pattern and never calls handler404."""
+    return json_error_response("not_found", "No such endpoint or object.", 404)
 
 
 def handler404(request: Any, exception: Exception | None = None) -> Any:

@@ -257,7 +257,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.HasOrganization"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["playground.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "playground.pagination.CursorlessPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "playground.errors.api_exception_handler",
@@ -285,6 +285,11 @@ SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 SANDPIT_INSTALLATION = env_str("SANDPIT_INSTALLATION", "default")
 SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 10)
 SANDPIT_MAX_FILE_BYTES = env_int("SANDPIT_MAX_FILE_BYTES", 10 * 1024 * 1024)
+# JSON request bodies (Django's default, named because the web server's ceiling uses it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+# The web server (playground/webserver.py) reads no request body larger than this, in bytes;
+# each endpoint then applies its own limit above.
+SANDPIT_MAX_REQUEST_BYTES = max(SANDPIT_MAX_FILE_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE)
 SANDPIT_MAX_OUTPUT_BYTES = env_int("SANDPIT_MAX_OUTPUT_BYTES", 1024 * 1024)
 SANDPIT_MAX_COMMAND_TIMEOUT_S = env_int("SANDPIT_MAX_COMMAND_TIMEOUT_S", 300)
 SANDPIT_IDLE_TIMEOUT_S = env_int("SANDPIT_IDLE_TIMEOUT_S", 15 * 60)

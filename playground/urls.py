@@ -1,11 +1,11 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts import views as account_views
 
-from . import health, metrics, views
+from . import errors, health, metrics, views
 
 handler404 = "playground.errors.handler404"
 handler500 = "playground.errors.handler500"
@@ -21,6 +21,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    re_path(r"^api/", errors.api_not_found),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("metrics", metrics.metrics_view, name="metrics"),

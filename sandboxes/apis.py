@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
 from rest_framework.renderers import JSONRenderer
@@ -352,8 +353,10 @@ class FileContentApi(MeteredApi):
                 length=query["length"],
             )
             response = HttpResponse(data, content_type="application/octet-stream")
-            name = query["path"].rstrip("/").rsplit("/", 1)[-1].replace('"', "")
-            response["Content-Disposition"] = f'inline; filename="{name}"'
+            name = query["path"].rstrip("/").rsplit("/", 1)[-1]
+            # RFC 6266: a name with control or non-ASCII characters goes in filename*=,
+            # so a name the sandbox chose cannot break the header (CR, LF) or its quoting.
+            response["Content-Disposition"] = content_disposition_header(False, name) or "inline"
             return response
 
         return self.metered(request, feature="files", operation="files.read", run=run)

@@ -15,6 +15,43 @@ MAX_COMMAND_CHARS = 65536
 MAX_ENV_VARS = 100
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string and nothing else. DRF's CharField turns 42 into "42", so
+    {"command": 42} ran `42` and {"code": 42} ran as node; a typed field must refuse."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """true or false only: DRF's BooleanField takes "yes", "on", "1" and 1 as true."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: DRF's IntegerField takes "600" and 600.0."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class StrictFloatField(serializers.FloatField):
+    """A JSON number only: DRF's FloatField takes "1.5"."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
 def validate_path_text(value: str) -> str:
     if "\x00" in value:
         raise serializers.ValidationError("Paths must not contain NUL bytes.")
@@ -23,7 +60,7 @@ def validate_path_text(value: str) -> str:
     return value
 
 
-class PathField(serializers.CharField):
+class PathField(StrictCharField):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("max_length", MAX_PATH_CHARS)
         kwargs.setdefault("trim_whitespace", False)
@@ -43,23 +80,23 @@ def validate_env(value: dict[str, str]) -> dict[str, str]:
 
 class EnvField(serializers.DictField):
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("child", serializers.CharField(allow_blank=True, trim_whitespace=False))
+        kwargs.setdefault("child", StrictCharField(allow_blank=True, trim_whitespace=False))
         kwargs.setdefault("required", False)
         super().__init__(validators=[validate_env], **kwargs)
 
 
 class ResourcesInput(serializers.Serializer):
-    memory_mb = serializers.IntegerField(min_value=32, max_value=8192, required=False)
-    cpu_count = serializers.FloatField(min_value=0.1, max_value=4, required=False)
-    pids = serializers.IntegerField(min_value=8, max_value=1024, required=False)
-    disk_mb = serializers.IntegerField(min_value=1, max_value=10240, required=False)
+    memory_mb = StrictIntegerField(min_value=32, max_value=8192, required=False)
+    cpu_count = StrictFloatField(min_value=0.1, max_value=4, required=False)
+    pids = StrictIntegerField(min_value=8, max_value=1024, required=False)
+    disk_mb = StrictIntegerField(min_value=1, max_value=10240, required=False)
 
 
 class SandboxCreateInput(serializers.Serializer):
-    provider = serializers.CharField(required=False, max_length=30)
-    template = serializers.CharField(required=False, max_length=100, default="default")
-    timeout_s = serializers.IntegerField(required=False, min_value=10, max_value=7 * 24 * 3600)
-    network = serializers.BooleanField(required=False, default=False)
+    provider = StrictCharField(required=False, max_length=30)
+    template = StrictCharField(required=False, max_length=100, default="default")
+    timeout_s = StrictIntegerField(required=False, min_value=10, max_value=7 * 24 * 3600)
+    network = StrictBooleanField(required=False, default=False)
     resources = ResourcesInput(required=False)
     env = EnvField()
     metadata = serializers.JSONField(required=False, default=dict)
@@ -96,10 +133,10 @@ class SandboxOutput(serializers.ModelSerializer):
 
 
 class TimeoutInput(serializers.Serializer):
-    timeout_s = serializers.IntegerField(min_value=10, max_value=7 * 24 * 3600)
+    timeout_s = StrictIntegerField(min_value=10, max_value=7 * 24 * 3600)
 
 
-class StdinField(serializers.CharField):
+class StdinField(StrictCharField):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("required", False)
         kwargs.setdefault("allow_blank", True)
@@ -109,9 +146,9 @@ class StdinField(serializers.CharField):
 
 
 class CommandInput(serializers.Serializer):
-    command = serializers.CharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
+    command = StrictCharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
     args = serializers.ListField(
-        child=serializers.CharField(
+        child=StrictCharField(
             max_length=MAX_COMMAND_CHARS, allow_blank=True, trim_whitespace=False
         ),
         required=False,
@@ -120,7 +157,7 @@ class CommandInput(serializers.Serializer):
     )
     cwd = PathField(required=False, allow_null=True)
     env = EnvField()
-    timeout_s = serializers.FloatField(required=False, min_value=0.1)
+    timeout_s = StrictFloatField(required=False, min_value=0.1)
     stdin = StdinField()
 
     def validate_timeout_s(self, value: float) -> float:
@@ -136,9 +173,9 @@ class CommandInput(serializers.Serializer):
 
 
 class CodeInput(serializers.Serializer):
-    code = serializers.CharField(max_length=1024 * 1024, trim_whitespace=False)
-    language = serializers.CharField(required=False, allow_null=True, max_length=20)
-    timeout_s = serializers.FloatField(required=False, min_value=0.1, max_value=300)
+    code = StrictCharField(max_length=1024 * 1024, trim_whitespace=False)
+    language = StrictCharField(required=False, allow_null=True, max_length=20)
+    timeout_s = StrictFloatField(required=False, min_value=0.1, max_value=300)
     stdin = StdinField()
 
 
@@ -197,9 +234,9 @@ class MoveInput(serializers.Serializer):
 
 
 class ProcessStartInput(serializers.Serializer):
-    command = serializers.CharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
+    command = StrictCharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
     args = serializers.ListField(
-        child=serializers.CharField(max_length=MAX_COMMAND_CHARS, allow_blank=True),
+        child=StrictCharField(max_length=MAX_COMMAND_CHARS, allow_blank=True),
         required=False,
         allow_null=True,
         max_length=1000,
@@ -209,24 +246,22 @@ class ProcessStartInput(serializers.Serializer):
 
 
 class SignalInput(serializers.Serializer):
-    signal = serializers.CharField(max_length=16, default="SIGTERM")
+    signal = StrictCharField(max_length=16, default="SIGTERM")
 
 
 class RunInput(serializers.Serializer):
-    code = serializers.CharField(required=False, max_length=1024 * 1024, trim_whitespace=False)
-    command = serializers.CharField(required=False, max_length=MAX_COMMAND_CHARS)
-    language = serializers.CharField(required=False, allow_null=True, max_length=20)
-    provider = serializers.CharField(required=False, max_length=30)
+    code = StrictCharField(required=False, max_length=1024 * 1024, trim_whitespace=False)
+    command = StrictCharField(required=False, max_length=MAX_COMMAND_CHARS)
+    language = StrictCharField(required=False, allow_null=True, max_length=20)
+    provider = StrictCharField(required=False, max_length=30)
     files = serializers.DictField(
-        child=serializers.CharField(
-            allow_blank=True, trim_whitespace=False, max_length=1024 * 1024
-        ),
+        child=StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1024 * 1024),
         required=False,
         default=dict,
     )
     stdin = StdinField()
     limits = serializers.DictField(
-        child=serializers.FloatField(min_value=0), required=False, default=dict
+        child=StrictFloatField(min_value=0), required=False, default=dict
     )
 
     def validate_files(self, value: dict[str, str]) -> dict[str, str]:
@@ -257,4 +292,4 @@ class TokenInput(serializers.Serializer):
         min_length=1,
         max_length=4,
     )
-    ttl_s = serializers.IntegerField(min_value=10, max_value=24 * 3600, default=900)
+    ttl_s = StrictIntegerField(min_value=10, max_value=24 * 3600, default=900)

@@ -33,6 +33,7 @@ from sandboxes.providers.base import (
 
 JAIL_WORKSPACE = "/workspace"
 MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
 MAX_SYMLINK_HOPS = 40
 MAX_LIST_ENTRIES = 100_000
 
@@ -48,13 +49,18 @@ def os_errors(path: str) -> Iterator[None]:
         code = exc.errno
         if code == errno.ENOENT:
             raise FileNotFound(f"no such file or directory: {path}") from None
-        if code in (errno.ELOOP, errno.ENAMETOOLONG, errno.EXDEV):
+        if code in (errno.ENAMETOOLONG, errno.EXDEV):
             raise PathNotAllowed(f"path not allowed: {path}") from None
         if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise ResourceExhausted(f"no space left for {path}") from None
-        if code in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY, errno.EINVAL):
-            raise FileConflict(f"{os.strerror(code)}: {path}") from None
-        raise
+        if code == errno.ELOOP:
+            # Only O_NOFOLLOW meets a kernel ELOOP here (links are resolved by hand):
+            # the sandbox swapped a symbolic link in while we worked.
+            raise FileConflict(f"path changed while in use: {path}") from None
+        # The sandbox controls the tree and can race every step; whatever else fails is
+        # a conflict with its doing, told in the sandbox's terms (never a host path).
+        reason = os.strerror(code) if code else "file operation failed"
+        raise FileConflict(f"{reason}: {path}") from None
 
 
 def split_path(path: str) -> list[str]:
@@ -63,6 +69,10 @@ def split_path(path: str) -> list[str]:
         raise PathNotAllowed("path contains a NUL byte")
     if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
         raise PathNotAllowed("path is longer than 4096 bytes")
+    if any(
+        len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for part in path.split("/")
+    ):
+        raise PathNotAllowed(f"a path component is longer than {MAX_NAME_BYTES} bytes")
     if path.startswith("/"):
         if path != JAIL_WORKSPACE and not path.startswith(JAIL_WORKSPACE + "/"):
             raise PathNotAllowed(f"path is outside the workspace: {path}")
@@ -115,8 +125,9 @@ class Workspace:
                 if last and not follow_last:
                     return dfd, name, [*done, name]
                 try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
+                    with os_errors(path):
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFound:
                     if last:
                         return dfd, name, [*done, name]
                     if not create_dirs:
@@ -128,7 +139,8 @@ class Workspace:
                     hops += 1
                     if hops > MAX_SYMLINK_HOPS:
                         raise PathNotAllowed(f"too many symbolic links: {path}")
-                    target = os.readlink(name, dir_fd=dfd)
+                    with os_errors(path):
+                        target = os.readlink(name, dir_fd=dfd)
                     if target.startswith("/"):
                         base_parts = split_path(target)
                     else:
@@ -144,8 +156,10 @@ class Workspace:
                     raise FileConflict(f"not a directory: {'/'.join([*done, name])}")
                 try:
                     nfd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
-                except OSError:  # swapped for a link or removed meanwhile
-                    raise PathNotAllowed(f"path changed while resolving: {path}") from None
+                except FileNotFoundError:  # removed meanwhile
+                    raise FileNotFound(f"no such file or directory: {path}") from None
+                except OSError:  # swapped for a link or a file meanwhile
+                    raise FileConflict(f"path changed while in use: {path}") from None
                 os.close(dfd)
                 dfd = nfd
                 done.append(name)
