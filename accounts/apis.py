@@ -129,7 +129,7 @@ class MemberDetailApi(APIView):
         )
         data = self.UpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        services.membership_change_role(
+        membership = services.membership_change_role(
             actor=principal.user, membership=membership, role=data.validated_data["role"]
         )
         return Response(MembershipOutput(membership).data)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core import signing
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
@@ -45,8 +47,76 @@ def organization_create(*, name: str, owner: User, slug: str | None = None) -> O
     raise Conflict("Could not find a free slug for this organization.")
 
 
+SIGNUP_LINK_MAX_AGE_S = 24 * 3600
+_SIGNUP_SALT = "accounts.signup"
+
+
+@dataclass(frozen=True)
+class SignupRequest:
+    """A signup waiting for its emailed link to be opened."""
+
+    email: str
+    organization_name: str
+    next_url: str
+    """Where to go after the account exists (an invitation, say); the view re-checks it."""
+
+
+def signup_request(*, email: str, organization_name: str, next_url: str, base_url: str) -> None:
+    """Mail `email` the link that finishes a signup, or, if the address already has an account,
+    a note saying so with links to log in and reset the password.
+
+    Both cases look alike to whoever submitted the form: only the address's owner learns which.
+    The link carries a signed, timestamped payload (SIGNUP_LINK_MAX_AGE_S), not a database row,
+    so a signup that is never confirmed leaves nothing behind and reserves no address.
+    """
+    email = email.strip().lower()
+    if User.objects.filter(email__iexact=email).exists():
+        send_mail(
+            "Your Sandpit account",
+            "Someone (hopefully you) tried to sign up to Sandpit with this address, which already "
+            f"has an account.\n\nLog in: {base_url}/accounts/login/\n"
+            f"Forgot your password? {base_url}/accounts/password_reset/\n\n"
+            "If it was not you, you can ignore this mail.\n",
+            None,
+            [email],
+        )
+        return
+    token = signing.dumps(
+        {"e": email, "o": organization_name.strip(), "n": next_url},
+        salt=_SIGNUP_SALT,
+        compress=True,
+    )
+    send_mail(
+        "Finish creating your Sandpit account",
+        "Open this link to choose a password and create your Sandpit account "
+        f"(valid for {SIGNUP_LINK_MAX_AGE_S // 3600} hours):\n\n"
+        f"{base_url}/accounts/signup/confirm/{token}/\n\n"
+        "If you did not ask for this, ignore this mail.\n",
+        None,
+        [email],
+    )
+
+
+def signup_request_read(token: str) -> SignupRequest:
+    """The signup a confirmation link stands for. Raises ApplicationError `signup_link_invalid`
+    when it was tampered with or is older than SIGNUP_LINK_MAX_AGE_S."""
+    try:
+        data = signing.loads(token, salt=_SIGNUP_SALT, max_age=SIGNUP_LINK_MAX_AGE_S)
+        return SignupRequest(
+            email=str(data["e"]), organization_name=str(data["o"]), next_url=str(data["n"])
+        )
+    except (signing.BadSignature, KeyError, TypeError):
+        raise ApplicationError(
+            "This link is not valid or has expired. Sign up again to get a new one.",
+            code="signup_link_invalid",
+        ) from None
+
+
 def user_signup(*, email: str, password: str, organization_name: str | None = None) -> User:
-    """Create a user and, unless they join by invitation later, a personal organization."""
+    """Create a user and, unless they join by invitation later, a personal organization.
+
+    Called once the address is confirmed (see signup_request). Raises Conflict `email_taken`.
+    """
     email = email.strip().lower()
     if User.objects.filter(email__iexact=email).exists():
         raise Conflict("An account with this email already exists.", code="email_taken")
@@ -65,32 +135,66 @@ def membership_require_manager(*, user: User, organization: Organization) -> Mem
 
 
 def membership_change_role(*, actor: User, membership: Membership, role: str) -> Membership:
-    """Change a member's role; only owners may grant or take away ownership."""
-    actor_membership = membership_require_manager(user=actor, organization=membership.organization)
+    """Change a member's role; only owners may grant or take away ownership.
+
+    Raises Forbidden (actor's role), Conflict `last_owner` (would leave no owner) or
+    ApplicationError (unknown role). Returns the membership as saved.
+    """
     if role not in Role.values:
         raise ApplicationError(f"Unknown role '{role}'.", code="validation_error")
-    touches_owner = Role.OWNER in (role, membership.role)
-    if touches_owner and actor_membership.role != Role.OWNER:
-        raise Forbidden("Only owners can grant or remove the owner role.", code="role_required")
-    if membership.role == Role.OWNER and role != Role.OWNER:
-        _ensure_another_owner(membership)
-    membership.role = role
-    membership.save(update_fields=["role"])
+    with transaction.atomic():
+        membership, actor_membership = _lock_for_owner_change(actor=actor, membership=membership)
+        if actor_membership is None or not actor_membership.can_manage:
+            raise Forbidden("Only owners and admins can do this.", code="role_required")
+        touches_owner = Role.OWNER in (role, membership.role)
+        if touches_owner and actor_membership.role != Role.OWNER:
+            raise Forbidden("Only owners can grant or remove the owner role.", code="role_required")
+        if membership.role == Role.OWNER and role != Role.OWNER:
+            _ensure_another_owner(membership)
+        membership.role = role
+        membership.save(update_fields=["role"])
     return membership
 
 
 def membership_remove(*, actor: User, membership: Membership) -> None:
-    actor_membership = membership_require_manager(user=actor, organization=membership.organization)
-    if membership.role == Role.OWNER:
-        if actor_membership.role != Role.OWNER:
-            raise Forbidden("Only owners can remove an owner.", code="role_required")
-        _ensure_another_owner(membership)
-    membership.delete()
+    """Remove a member, or let an owner/admin leave (actor is the member).
+
+    Raises Forbidden (actor's role) or Conflict `last_owner` (would leave no owner).
+    """
+    with transaction.atomic():
+        membership, actor_membership = _lock_for_owner_change(actor=actor, membership=membership)
+        if actor_membership is None or not actor_membership.can_manage:
+            raise Forbidden("Only owners and admins can do this.", code="role_required")
+        if membership.role == Role.OWNER:
+            if actor_membership.role != Role.OWNER:
+                raise Forbidden("Only owners can remove an owner.", code="role_required")
+            _ensure_another_owner(membership)
+        membership.delete()
+
+
+def _lock_for_owner_change(
+    *, actor: User, membership: Membership
+) -> tuple[Membership, Membership | None]:
+    """Lock the organization row, then re-read both memberships under that lock.
+
+    Every change that can take away an owner goes through here, so two owners demoting or
+    removing each other at the same moment run one after the other: the second sees the
+    first's write and is refused, instead of both passing the owner count and leaving none.
+    Must be called inside a transaction. Raises NotFound if the membership is gone.
+    """
+    Organization.objects.select_for_update().only("pk").get(pk=membership.organization_id)
+    current = Membership.objects.filter(pk=membership.pk).select_related("organization").first()
+    if current is None:
+        raise NotFound("No such member.", code="not_found")
+    actor_membership = Membership.objects.filter(
+        user=actor, organization_id=membership.organization_id
+    ).first()
+    return current, actor_membership
 
 
 def _ensure_another_owner(membership: Membership) -> None:
     others = Membership.objects.filter(
-        organization=membership.organization, role=Role.OWNER
+        organization_id=membership.organization_id, role=Role.OWNER
     ).exclude(pk=membership.pk)
     if not others.exists():
         raise Conflict("An organization needs at least one owner.", code="last_owner")
@@ -136,14 +240,36 @@ def invitation_get_by_token(token: str) -> Invitation:
     return invitation
 
 
+# Says nothing about the invitation (organization, role, address, state): the link may have
+# been forwarded to, or guessed by, someone it was not meant for.
+INVITATION_WRONG_ACCOUNT = (
+    "This invitation is for a different account. Log in with the email address it was sent to."
+)
+
+
+def invitation_is_for(invitation: Invitation, user: User) -> bool:
+    """Whether `user`'s email is the invited one (case-insensitive).
+
+    An account's email is verified: signup creates the account only from the emailed
+    confirmation link, and staff create the others.
+    """
+    return bool(user.email) and user.email.strip().lower() == invitation.email.strip().lower()
+
+
 def invitation_accept(*, token: str, user: User) -> Membership:
-    """Redeem an invitation once. Raises on expired, used or revoked links."""
+    """Redeem an invitation once, for the account whose email it was sent to.
+
+    Raises NotFound (unknown link), Forbidden `invitation_wrong_account` (another account; checked
+    before anything that would tell the link's state), Conflict (revoked, used, expired).
+    """
     with transaction.atomic():
         invitation = (
             Invitation.objects.select_for_update().filter(token_hash=_sha256(token)).first()
         )
         if invitation is None:
             raise NotFound("This invitation link is not valid.", code="invitation_invalid")
+        if not invitation_is_for(invitation, user):
+            raise Forbidden(INVITATION_WRONG_ACCOUNT, code="invitation_wrong_account")
         if invitation.revoked_at is not None:
             raise Conflict("This invitation was revoked.", code="invitation_revoked")
         if invitation.accepted_at is not None:

@@ -1,31 +1,149 @@
-"""Browser pages for accounts: sign up, switch organization, accept an invitation."""
+"""Browser pages for accounts: sign up, log in, reset a password, switch organization, accept
+an invitation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from playground.errors import ApplicationError
 
-from . import services
-from .forms import SignupForm
+from . import attempts, services
+from .forms import (
+    SignupForm,
+    SignupPasswordForm,
+    ThrottledAuthenticationForm,
+    too_many_attempts_message,
+)
 from .selectors import organizations_for_user
+
+LOGIN_BACKEND = "accounts.backends.ThrottledModelBackend"
+
+
+def safe_next(request: HttpRequest, candidate: str | None, default: str = "/") -> str:
+    """`candidate` if it is a path on this site (the check Django's login view makes), else
+    `default`: an absolute URL to another host must never be followed after a form."""
+    if candidate and url_has_allowed_host_and_scheme(
+        candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return candidate
+    return default
+
+
+def _too_many(request: HttpRequest, wait_s: int, template: str, context: dict[str, Any]):  # type: ignore[no-untyped-def]
+    response = render(
+        request, template, {**context, "throttled": too_many_attempts_message(wait_s)}, status=429
+    )
+    response["Retry-After"] = str(wait_s)
+    return response
 
 
 def signup(request):  # type: ignore[no-untyped-def]
+    """Step one: mail a confirmation link. Answers the same whether or not the address
+    already has an account (that mail says so instead), so the page tells nobody."""
+    next_url = safe_next(request, request.POST.get("next") or request.GET.get("next"), "")
     form = SignupForm(request.POST or None)
+    context = {"form": form, "next": next_url}
+    if request.method == "POST" and form.is_valid():
+        email = form.cleaned_data["email"]
+        send, refuse_s = attempts.mail_request_allowed(
+            request,
+            email,
+            per_email=attempts.SIGNUP_PER_EMAIL,
+            per_address=attempts.SIGNUP_PER_ADDRESS,
+        )
+        if refuse_s:
+            return _too_many(request, refuse_s, "registration/signup.html", context)
+        if send:
+            services.signup_request(
+                email=email,
+                organization_name=form.cleaned_data["organization_name"],
+                next_url=next_url,
+                base_url=request.build_absolute_uri("/").rstrip("/"),
+            )
+        return render(request, "registration/signup_sent.html", {"email": email})
+    return render(request, "registration/signup.html", context)
+
+
+def signup_confirm(request, token: str):  # type: ignore[no-untyped-def]
+    """Step two, from the mailed link: choose a password; the account is created now."""
+    try:
+        pending = services.signup_request_read(token)
+    except ApplicationError as exc:
+        return render(
+            request, "registration/signup_confirm.html", {"error": exc.message}, status=400
+        )
+    form = SignupPasswordForm(request.POST or None, email=pending.email)
     if request.method == "POST" and form.is_valid():
         try:
-            user = services.user_signup(**form.cleaned_data)
+            user = services.user_signup(
+                email=pending.email,
+                password=form.cleaned_data["password"],
+                organization_name=pending.organization_name,
+            )
         except ApplicationError as exc:
-            form.add_error("email", exc.message)
-        else:
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-            return redirect(request.GET.get("next") or "dashboard")
-    return render(request, "registration/signup.html", {"form": form})
+            return render(
+                request,
+                "registration/signup_confirm.html",
+                {"error": exc.message},
+                status=exc.status_code,
+            )
+        login(request, user, backend=LOGIN_BACKEND)
+        response = redirect(safe_next(request, pending.next_url, reverse("dashboard")))
+        attempts.remember_browser(request, response, user.email)
+        return response
+    return render(request, "registration/signup_confirm.html", {"form": form, "pending": pending})
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login view with throttled guesses (429 while throttled) and a cookie that
+    marks this browser as known to the account (see accounts.attempts)."""
+
+    form_class = ThrottledAuthenticationForm
+    redirect_authenticated_user = True
+
+    def form_valid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
+        response = super().form_valid(form)
+        attempts.remember_browser(self.request, response, form.get_user().email)
+        return response
+
+    def form_invalid(self, form: ThrottledAuthenticationForm) -> HttpResponse:
+        response = super().form_invalid(form)
+        wait = getattr(self.request, "login_throttled_s", 0)
+        if wait:
+            response.status_code = 429
+            response["Retry-After"] = str(wait)
+        return response
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Django's reset view. Per client address past the limit: 429. Per email address past the
+    limit: the usual "sent" page but no mail, so it can neither flood an inbox nor tell
+    whether the address has an account."""
+
+    def form_valid(self, form):  # type: ignore[no-untyped-def]
+        send, refuse_s = attempts.mail_request_allowed(
+            self.request,
+            form.cleaned_data["email"],
+            per_email=attempts.RESET_PER_EMAIL,
+            per_address=attempts.RESET_PER_ADDRESS,
+        )
+        if refuse_s:
+            response = self.render_to_response(self.get_context_data(form=form), status=429)
+            response["Retry-After"] = str(refuse_s)
+            return response
+        if send:
+            return super().form_valid(form)
+        return HttpResponseRedirect(self.get_success_url())
 
 
 @login_required
@@ -36,7 +154,7 @@ def switch_organization(request):  # type: ignore[no-untyped-def]
         messages.error(request, "You are not a member of that organization.")
     else:
         request.session["organization_id"] = org.pk
-    return redirect(request.POST.get("next") or "dashboard")
+    return redirect(safe_next(request, request.POST.get("next"), reverse("dashboard")))
 
 
 def accept_invitation(request, token: str):  # type: ignore[no-untyped-def]
@@ -45,7 +163,15 @@ def accept_invitation(request, token: str):  # type: ignore[no-untyped-def]
     except ApplicationError as exc:
         return render(request, "accounts/invitation.html", {"error": exc.message}, status=404)
     if not request.user.is_authenticated:
-        return redirect(f"/accounts/login/?next=/invitations/{token}/")
+        return redirect(f"{reverse('login')}?next={reverse('accept-invitation', args=[token])}")
+    if not services.invitation_is_for(invitation, request.user):
+        # Neither the organization nor the role nor the invited address is shown.
+        return render(
+            request,
+            "accounts/invitation.html",
+            {"error": services.INVITATION_WRONG_ACCOUNT},
+            status=403,
+        )
     if request.method == "POST":
         try:
             membership = services.invitation_accept(token=token, user=request.user)

@@ -213,6 +213,8 @@ CELERY_TIMEZONE = "UTC"
 
 # --- Auth ---------------------------------------------------------------------
 AUTH_USER_MODEL = "accounts.User"
+# Django's password check with guesses throttled per account and client address (accounts/attempts.py).
+AUTHENTICATION_BACKENDS = ["accounts.backends.ThrottledModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"

@@ -1,5 +1,4 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -28,9 +27,15 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/signup/", account_views.signup, name="signup"),
     path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
-        name="login",
+        "accounts/signup/confirm/<str:token>/",
+        account_views.signup_confirm,
+        name="signup-confirm",
+    ),
+    path("accounts/login/", account_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/password_reset/",
+        account_views.PasswordResetView.as_view(),
+        name="password_reset",
     ),
     path("accounts/", include("django.contrib.auth.urls")),
     path("organizations/switch/", account_views.switch_organization, name="switch-organization"),

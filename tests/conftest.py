@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from rest_framework.test import APIClient
 
+from accounts import attempts
 from accounts.models import Membership, Organization, Role, User
 from accounts.services import api_key_create
 
@@ -12,6 +15,13 @@ from accounts.services import api_key_create
 @pytest.fixture(autouse=True)
 def _fast_tests(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_auth_attempts(monkeypatch):  # type: ignore[no-untyped-def]
+    """Login/signup/reset counters of one test must not throttle another (they live in the
+    shared Redis and would outlast the test run)."""
+    monkeypatch.setattr(attempts, "NAMESPACE", f"test-auth-attempts-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture
