@@ -6,14 +6,27 @@ consumers ask one object for the organization and what the caller may do.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from rest_framework import authentication, exceptions
 
-from .models import MANAGER_ROLES, ApiKey, Organization, User
+from .models import MANAGER_ROLES, ApiKey, Membership, Organization, User
 from .selectors import current_organization_for_session, membership_get
 from .services import API_KEY_PREFIX, api_key_authenticate
-from .tokens import InvalidSandboxToken, SandboxTokenClaims, looks_like_jwt, sandbox_token_decode
+from .tokens import (
+    InvalidSandboxToken,
+    SandboxTokenClaims,
+    TokenMinter,
+    looks_like_jwt,
+    sandbox_token_decode,
+)
+
+MINTER_RECHECK_S = 3.0
+"""How long a minter found active (or not) is believed without asking the database again:
+the longest a revoked key or removed member's tokens keep working in one process."""
 
 
 @dataclass
@@ -80,8 +93,25 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         return 'Bearer realm="api"'
 
 
+class TokenRefused(exceptions.APIException):
+    """A valid sandbox token presented to an endpoint it may not use (403), or to another
+    sandbox's endpoint (404, like any other miss)."""
+
+    def __init__(self, status_code: int, code: str, message: str) -> None:
+        super().__init__(message, code)
+        self.status_code = status_code
+        # playground.errors renders `default_code` as the error code of a DRF exception.
+        self.default_code = code
+
+
 class SandboxTokenAuthentication(authentication.BaseAuthentication):
-    """`Authorization: Bearer <jwt>` minted for one sandbox."""
+    """`Authorization: Bearer <jwt>` minted for one sandbox.
+
+    Deny by default: a token is refused by every view unless the view lists the HTTP method
+    in `sandbox_token_methods`, the URL's `sandbox_id` is the token's sandbox, and the token
+    carries the view's `required_scope` (when it has one). The check lives here, in the only
+    place a REST token principal is made, so a new view cannot forget it: forgetting to list
+    a method refuses tokens there."""
 
     def authenticate(self, request):  # type: ignore[no-untyped-def]
         token = _bearer(request)
@@ -90,21 +120,83 @@ class SandboxTokenAuthentication(authentication.BaseAuthentication):
         principal = principal_from_sandbox_token(token)
         if principal is None:
             raise exceptions.AuthenticationFailed("The sandbox token is not valid or has expired.")
+        context = getattr(request, "parser_context", None) or {}
+        sandbox_token_gate(
+            principal.token,  # type: ignore[arg-type]
+            view=context.get("view"),
+            method=request.method,
+            kwargs=context.get("kwargs") or {},
+        )
         return MachineUser(f"token:{principal.token.token_id}"), principal  # type: ignore[union-attr]
 
     def authenticate_header(self, request):  # type: ignore[no-untyped-def]
         return 'Bearer realm="api"'
 
 
+def sandbox_token_gate(
+    claims: SandboxTokenClaims, *, view: object, method: str, kwargs: Mapping[str, object]
+) -> None:
+    """Raise TokenRefused unless `view` lets sandbox tokens call `method` on this token's
+    sandbox with this token's scopes (see SandboxTokenAuthentication)."""
+    allowed: Collection[str] = getattr(view, "sandbox_token_methods", ())
+    if method.upper() not in allowed or "sandbox_id" not in kwargs:
+        raise TokenRefused(
+            403, "token_not_allowed", "Sandbox tokens cannot do this; use an API key."
+        )
+    if str(kwargs["sandbox_id"]) != claims.sandbox_id:
+        raise TokenRefused(404, "sandbox_not_found", "No such sandbox.")
+    scope = getattr(view, "required_scope", None)
+    if scope and scope not in claims.scopes:
+        raise TokenRefused(403, "scope_missing", f"This token lacks the '{scope}' scope.")
+
+
 def principal_from_sandbox_token(token: str) -> Principal | None:
+    """The principal of a valid token whose minter is still active, else None."""
     try:
         claims = sandbox_token_decode(token)
     except InvalidSandboxToken:
+        return None
+    if not minter_active(claims.minted_by, organization_id=claims.organization_id):
         return None
     organization = Organization.objects.filter(pk=claims.organization_id).first()
     if organization is None:
         return None
     return Principal(organization=organization, token=claims)
+
+
+_minter_checked: dict[tuple[str, int, int], tuple[float, bool]] = {}
+_minter_lock = threading.Lock()
+
+
+def minter_active(minter: TokenMinter, *, organization_id: int) -> bool:
+    """Whether the key or user that minted a token may still act for the organization: the
+    key is neither revoked nor expired; the user is active and still a member. Answers are
+    kept MINTER_RECHECK_S seconds per process, so a busy terminal or preview does not ask
+    the database on every request."""
+    cache_key = (minter.kind, minter.id, organization_id)
+    now = time.monotonic()
+    with _minter_lock:
+        cached = _minter_checked.get(cache_key)
+    if cached is not None and now - cached[0] < MINTER_RECHECK_S:
+        return cached[1]
+    if minter.kind == "key":
+        api_key = ApiKey.objects.filter(pk=minter.id, organization_id=organization_id).first()
+        active = api_key is not None and api_key.is_active()
+    else:
+        active = Membership.objects.filter(
+            user_id=minter.id, user__is_active=True, organization_id=organization_id
+        ).exists()
+    with _minter_lock:
+        if len(_minter_checked) > 10_000:  # bound the memory: forget everything, re-ask
+            _minter_checked.clear()
+        _minter_checked[cache_key] = (now, active)
+    return active
+
+
+def minter_cache_clear() -> None:
+    """Forget every cached minter answer (tests; after revoking in this process)."""
+    with _minter_lock:
+        _minter_checked.clear()
 
 
 def principal_for_session_user(request: object) -> Principal | None:

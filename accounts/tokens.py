@@ -1,4 +1,9 @@
-"""Short-lived JWTs scoped to one sandbox and a set of permissions (HS256 only)."""
+"""Short-lived JWTs scoped to one sandbox and a set of permissions (HS256 only).
+
+Every token names who minted it (an API key or a signed-in user). A token is only as good as
+its minter: accounts.authentication re-checks the minter on each use, so revoking the key or
+removing the member ends the token within seconds rather than at its expiry.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,14 @@ _AUDIENCE = "sandpit-sandbox"
 
 
 @dataclass(frozen=True)
+class TokenMinter:
+    """Who minted a token: the API key (`kind="key"`) or the user (`kind="user"`)."""
+
+    kind: str
+    id: int
+
+
+@dataclass(frozen=True)
 class SandboxTokenClaims:
     sandbox_id: str
     organization_id: int
@@ -23,6 +36,7 @@ class SandboxTokenClaims:
     expires_at: int
     """Unix seconds."""
     token_id: str
+    minted_by: TokenMinter
 
 
 class InvalidSandboxToken(Exception):
@@ -30,12 +44,21 @@ class InvalidSandboxToken(Exception):
 
 
 def sandbox_token_encode(
-    *, sandbox_id: str, organization_id: int, scopes: list[str], ttl_s: int
+    *,
+    sandbox_id: str,
+    organization_id: int,
+    scopes: list[str],
+    ttl_s: int,
+    api_key_id: int | None = None,
+    user_id: int | None = None,
 ) -> tuple[str, int]:
-    """Sign a token; returns (token, expires_at unix seconds)."""
+    """Sign a token; returns (token, expires_at unix seconds).
+
+    Pass the minter: `api_key_id` or `user_id`. A token without one is refused when it is
+    presented (sandbox_token_decode), since nothing could revoke it."""
     now = int(time.time())
     expires_at = now + ttl_s
-    payload = {
+    payload: dict[str, object] = {
         "sub": sandbox_id,
         "org": organization_id,
         "scp": sorted(set(scopes)),
@@ -44,6 +67,10 @@ def sandbox_token_encode(
         "aud": _AUDIENCE,
         "jti": uuid.uuid4().hex,
     }
+    if api_key_id is not None:
+        payload["key"] = api_key_id
+    elif user_id is not None:
+        payload["usr"] = user_id
     return jwt.encode(payload, settings.SANDBOX_TOKEN_SECRET, algorithm=_ALGORITHM), expires_at
 
 
@@ -64,13 +91,25 @@ def sandbox_token_decode(token: str) -> SandboxTokenClaims:
     scopes = payload.get("scp")
     if not isinstance(scopes, list) or not all(s in TOKEN_SCOPES for s in scopes):
         raise InvalidSandboxToken("The sandbox token has unknown scopes.")
+    minted_by = _minter(payload)
+    if minted_by is None:
+        raise InvalidSandboxToken("The sandbox token does not name who minted it.")
     return SandboxTokenClaims(
         sandbox_id=str(payload["sub"]),
         organization_id=int(payload["org"]),
         scopes=frozenset(scopes),
         expires_at=int(payload["exp"]),
         token_id=str(payload.get("jti", "")),
+        minted_by=minted_by,
     )
+
+
+def _minter(payload: dict[str, object]) -> TokenMinter | None:
+    for claim, kind in (("key", "key"), ("usr", "user")):
+        value = payload.get(claim)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return TokenMinter(kind=kind, id=value)
+    return None
 
 
 def looks_like_jwt(value: str) -> bool:

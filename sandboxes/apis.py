@@ -63,9 +63,14 @@ class MeteredApi(APIView):
 
     Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay →
     billing authorization (402) → the operation → count one execution on success.
+
+    Sandbox tokens reach only the methods a view lists in `sandbox_token_methods`, with the
+    view's `required_scope` (accounts.authentication.SandboxTokenAuthentication refuses the
+    rest before the view runs).
     """
 
     required_scope: str | None = None
+    sandbox_token_methods: frozenset[str] = frozenset()
 
     def sandbox(self, request: Any, sandbox_id: str) -> Sandbox:
         principal = principal_of(request)
@@ -207,6 +212,8 @@ class SandboxListApi(MeteredApi):
 
 
 class SandboxDetailApi(MeteredApi):
+    sandbox_token_methods = frozenset({"GET"})
+
     @extend_schema(responses=s.SandboxOutput)
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
@@ -225,6 +232,10 @@ class SandboxDetailApi(MeteredApi):
 
 
 class SandboxTimeoutApi(MeteredApi):
+    """Not for sandbox tokens: a token is handed to a less trusted party (a browser, an
+    agent) for a bounded time, and letting it push back the sandbox's end would let it keep
+    a billed sandbox alive past what its minter chose."""
+
     @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         data = _validated(s.TimeoutInput, request.data)
@@ -241,6 +252,8 @@ class SandboxStatsApi(MeteredApi):
     """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and
     runs nothing in it, and an open playground polls it every few seconds."""
 
+    sandbox_token_methods = frozenset({"GET"})
+
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
         stats = services.sandbox_stats(sandbox=sandbox)
@@ -252,6 +265,7 @@ class SandboxStatsApi(MeteredApi):
 
 class SandboxCommandApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CommandInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -276,6 +290,7 @@ class SandboxCommandApi(MeteredApi):
 
 class SandboxCodeApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CodeInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -302,6 +317,7 @@ class SandboxCodeApi(MeteredApi):
 
 class FilesApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -336,6 +352,7 @@ class FilesApi(MeteredApi):
 
 class FileContentApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET", "PUT"})
     parser_classes = [RawBytesParser]
 
     @extend_schema(
@@ -378,6 +395,7 @@ class FileContentApi(MeteredApi):
 
 class FileStatApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -393,6 +411,7 @@ class FileStatApi(MeteredApi):
 
 class MkdirApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MkdirInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -408,6 +427,7 @@ class MkdirApi(MeteredApi):
 
 class MoveApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MoveInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -426,6 +446,7 @@ class MoveApi(MeteredApi):
 
 class ProcessListApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"GET", "POST"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
@@ -456,6 +477,7 @@ class ProcessListApi(MeteredApi):
 
 class ProcessSignalApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
     def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
@@ -487,6 +509,8 @@ class SandboxTokenApi(MeteredApi):
                 organization_id=principal.organization.pk,
                 scopes=data["scopes"],
                 ttl_s=data["ttl_s"],
+                api_key_id=principal.api_key.pk if principal.api_key else None,
+                user_id=principal.user.pk if principal.user else None,
             )
             from datetime import UTC, datetime
 
