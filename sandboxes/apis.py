@@ -52,6 +52,15 @@ class RawBytesParser(parsers.BaseParser):
         return data
 
 
+def _upload_body(request: Any) -> bytes:
+    """A PUT's body, within the file limit. DRF parses only bodies that declare a
+    Content-Length, so a chunked upload (which has none) would be stored empty: it is read
+    here with the same parser (the request proxies the HttpRequest's read())."""
+    if request.META.get("CONTENT_LENGTH"):
+        return request.data if isinstance(request.data, bytes) else b""
+    return bytes(RawBytesParser().parse(request))
+
+
 def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
@@ -384,7 +393,7 @@ class FileContentApi(MeteredApi):
         if query["path"] in ("", "."):
             raise ApplicationError("A file path is required.", code="validation_error")
         sandbox = self.sandbox(request, sandbox_id)
-        body = request.data if isinstance(request.data, bytes) else b""
+        body = _upload_body(request)
 
         def run() -> Response:
             entry = services.sandbox_file_write(sandbox=sandbox, path=query["path"], data=body)

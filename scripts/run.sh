@@ -19,7 +19,8 @@ trap cleanup EXIT INT TERM
 pids+=($!)
 .venv/bin/celery -A playground beat --loglevel=INFO --schedule "$VAR_DIR/celerybeat-schedule" &
 pids+=($!)
-.venv/bin/daphne -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
+# playground.webserver is daphne with a ceiling on request bodies.
+.venv/bin/python -m playground.webserver -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
 pids+=($!)
 echo "==> Sandpit is starting on http://${SANDPIT_BIND:-127.0.0.1}:${SANDPIT_PORT:-8000}/ (Ctrl-C stops everything)"
 wait -n "${pids[@]}"

@@ -7,7 +7,8 @@ role=${1:-web}
 case "$role" in
   web)
     shift || true
-    exec daphne -b 0.0.0.0 -p 8000 --proxy-headers playground.asgi:application "$@"
+    # daphne with a ceiling on request bodies (playground/webserver.py)
+    exec python -m playground.webserver -b 0.0.0.0 -p 8000 --proxy-headers playground.asgi:application "$@"
     ;;
   worker)
     shift

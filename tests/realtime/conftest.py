@@ -21,7 +21,8 @@ from websockets.sync.client import ClientConnection, connect
 from tests.requirements import missing_part
 
 ROOT = Path(__file__).resolve().parents[2]
-DAPHNE = Path(sys.executable).with_name("daphne")
+# The production launcher: daphne with the request-body ceiling (playground/webserver.py).
+WEBSERVER = [sys.executable, "-m", "playground.webserver"]
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +46,7 @@ class Server:
     port: int
     root: Path
     log: Path
+    pid: int
 
     @property
     def http(self) -> str:
@@ -101,13 +103,13 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(DAPHNE), "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
+            [*WEBSERVER, "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
             cwd=ROOT,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    server = Server(port=port, root=root, log=log)
+    server = Server(port=port, root=root, log=log, pid=proc.pid)
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -1,0 +1,124 @@
+"""The web server: daphne with a ceiling on request bodies, enforced while they arrive.
+
+Run it like daphne: ``python -m playground.webserver -b 127.0.0.1 -p 8000
+playground.asgi:application`` (every daphne option works).
+
+Why not an ASGI middleware: daphne hands a request to the application only after the
+whole body has arrived (Twisted spools it to a temporary file), and then queues every
+chunk of it in memory at once before the application runs a single line. A 2 GiB
+upload therefore costs 2 GiB of server memory whatever the application does. The only
+place to refuse it is where the bytes come in: the Content-Length header (refused before
+any of the body is read) and the running count of a chunked body (cut at the ceiling).
+Bodies under the ceiling still meet Django's per-endpoint limits (JSON bodies:
+``DATA_UPLOAD_MAX_MEMORY_SIZE``; file content: ``SANDPIT_MAX_FILE_BYTES``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from daphne.cli import CommandLineInterface
+from daphne.http_protocol import HTTPFactory, WebRequest
+from daphne.server import Server
+
+logger = logging.getLogger("playground.webserver")
+
+
+def max_request_bytes() -> int:
+    """The largest request body any endpoint accepts, in bytes (read per request, so
+    settings overridden in tests apply)."""
+    from django.conf import settings
+
+    return int(settings.SANDPIT_MAX_REQUEST_BYTES)
+
+
+def payload_too_large_response(limit: int) -> bytes:
+    """A complete HTTP/1.1 413 response in the API's one error shape; the connection
+    closes after it, since the rest of the body is never read."""
+    from playground.errors import error_body
+
+    body = json.dumps(
+        error_body("payload_too_large", f"Request bodies are limited to {limit} bytes.")
+    ).encode()
+    head = (
+        "HTTP/1.1 413 Payload Too Large\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class BodyLimitedWebRequest(WebRequest):
+    """daphne's request, refusing a body over ``max_request_bytes()`` as it arrives."""
+
+    refused = False
+    received_bytes = 0
+
+    def gotLength(self, length: int | None) -> None:
+        self.limit = max_request_bytes()
+        if length is not None and length > self.limit:
+            # No "100 Continue" after our answer: the client must not send the body.
+            self.requestHeaders.removeHeader(b"expect")
+            self.refuse()
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.refused:
+            return
+        self.received_bytes += len(data)
+        if self.received_bytes > self.limit:
+            self.refuse()
+            return
+        super().handleContentChunk(data)
+
+    def refuse(self) -> None:
+        self.refused = True
+        # Twisted fills in the method and path only once the body is complete.
+        logger.warning(
+            "Refused a request body over %d bytes from %s", self.limit, self.getClientAddress()
+        )
+        transport = self.channel.transport
+        if transport is not None:
+            transport.write(payload_too_large_response(self.limit))
+        self.channel.loseConnection()
+
+    def process(self) -> Any:
+        if self.refused:
+            return None
+        return super().process()
+
+
+class BodyLimitedHTTPFactory(HTTPFactory):
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        protocol.requestFactory = BodyLimitedWebRequest
+        return protocol
+
+
+class SandpitServer(Server):
+    """daphne's Server with the body-limited HTTP factory.
+
+    daphne builds its HTTP factory inside ``run()`` and offers no option for it, so the
+    attribute is a property that builds ours instead. tests/realtime's upload tests fail
+    if a daphne upgrade stops going through it.
+    """
+
+    @property
+    def http_factory(self) -> HTTPFactory:
+        return self._body_limited_factory
+
+    @http_factory.setter
+    def http_factory(self, _daphne_factory: HTTPFactory) -> None:
+        self._body_limited_factory = BodyLimitedHTTPFactory(self)
+
+
+class SandpitCommandLineInterface(CommandLineInterface):
+    server_class = SandpitServer
+
+
+if __name__ == "__main__":
+    SandpitCommandLineInterface.entrypoint()
