@@ -89,6 +89,20 @@ def idempotency_begin(*, organization_id: int, key: str, fingerprint: str) -> St
     raise Conflict("This Idempotency-Key is changing hands; retry.", code="idempotency_in_progress")
 
 
+def idempotency_event_id(*, organization_id: int, key: str) -> str:
+    """The usage event id for the request holding `key`: one per idempotency record, not per
+    key. A retry of that request (a replay, or a takeover after the lease) shares it, so it
+    is counted once; the same key sent again after the record was purged (or aborted) is a
+    new request and is counted again. Raises IdempotencyRecord.DoesNotExist when no
+    request holds the key."""
+    pk = (
+        IdempotencyRecord.objects.filter(organization_id=organization_id, key=key)
+        .values_list("pk", flat=True)
+        .get()
+    )
+    return f"idem:{organization_id}:{pk}"
+
+
 def idempotency_complete(*, organization_id: int, key: str, response: StoredResponse) -> None:
     """Store the response of the request holding `key`, for replay to its retries."""
     IdempotencyRecord.objects.filter(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import signal
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
-from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
 from rest_framework.renderers import JSONRenderer
@@ -24,9 +24,10 @@ from billing.idempotency import (
     idempotency_abort,
     idempotency_begin,
     idempotency_complete,
+    idempotency_event_id,
 )
 from billing.metering import metering_authorize, metering_record
-from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
+from playground.errors import ApplicationError, Forbidden, PayloadTooLarge, PaymentRequired
 
 from . import serializers as s
 from . import services
@@ -52,15 +53,6 @@ class RawBytesParser(parsers.BaseParser):
         return data
 
 
-def _upload_body(request: Any) -> bytes:
-    """A PUT's body, within the file limit. DRF parses only bodies that declare a
-    Content-Length, so a chunked upload (which has none) would be stored empty: it is read
-    here with the same parser (the request proxies the HttpRequest's read())."""
-    if request.META.get("CONTENT_LENGTH"):
-        return request.data if isinstance(request.data, bytes) else b""
-    return bytes(RawBytesParser().parse(request))
-
-
 def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
@@ -72,14 +64,9 @@ class MeteredApi(APIView):
 
     Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay →
     billing authorization (402) → the operation → count one execution on success.
-
-    Sandbox tokens reach only the methods a view lists in `sandbox_token_methods`, with the
-    view's `required_scope` (accounts.authentication.SandboxTokenAuthentication refuses the
-    rest before the view runs).
     """
 
     required_scope: str | None = None
-    sandbox_token_methods: frozenset[str] = frozenset()
 
     def sandbox(self, request: Any, sandbox_id: str) -> Sandbox:
         principal = principal_of(request)
@@ -91,8 +78,17 @@ class MeteredApi(APIView):
         return sandbox
 
     def metered(
-        self, request: Any, *, feature: str, operation: str, run: Callable[[], HttpResponse]
+        self,
+        request: Any,
+        *,
+        feature: str,
+        operation: str,
+        run: Callable[[], HttpResponse],
+        teardown: bool = False,
     ) -> HttpResponse:
+        """`teardown`: destroying or stopping, which billing never refuses (an organization
+        past its allowance or cap must be able to stop what runs); it is counted only while
+        billing would have allowed it, so it never takes a total past the allowance or cap."""
         principal: Principal = principal_of(request)
         org = principal.organization
         key = request.headers.get("Idempotency-Key")
@@ -111,8 +107,14 @@ class MeteredApi(APIView):
                 )
                 replay["Idempotent-Replayed"] = "true"
                 return replay
+        counted = True
         try:
-            metering_authorize(organization=org, feature=feature)
+            try:
+                metering_authorize(organization=org, feature=feature)
+            except PaymentRequired:
+                if not teardown:
+                    raise
+                counted = False
             response = run()
         except BaseException:
             if key is not None:
@@ -123,16 +125,17 @@ class MeteredApi(APIView):
                 idempotency_abort(organization_id=org.pk, key=key)
             return response
         event_id = (
-            f"idem:{org.pk}:{hashlib.sha256(key.encode()).hexdigest()}"
+            idempotency_event_id(organization_id=org.pk, key=key)
             if key is not None
             else uuid.uuid4().hex
         )
-        metering_record(
-            organization_id=org.pk,
-            api_key_id=principal.api_key.pk if principal.api_key else None,
-            operation=operation,
-            event_id=event_id,
-        )
+        if counted:
+            metering_record(
+                organization_id=org.pk,
+                api_key_id=principal.api_key.pk if principal.api_key else None,
+                operation=operation,
+                event_id=event_id,
+            )
         if key is not None:
             idempotency_complete(organization_id=org.pk, key=key, response=_stored(response))
         return response
@@ -221,8 +224,6 @@ class SandboxListApi(MeteredApi):
 
 
 class SandboxDetailApi(MeteredApi):
-    sandbox_token_methods = frozenset({"GET"})
-
     @extend_schema(responses=s.SandboxOutput)
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
@@ -237,14 +238,12 @@ class SandboxDetailApi(MeteredApi):
             sandbox.refresh_from_db()
             return Response(s.SandboxOutput(sandbox).data)
 
-        return self.metered(request, feature="sandbox", operation="sandbox.destroy", run=run)
+        return self.metered(
+            request, feature="sandbox", operation="sandbox.destroy", run=run, teardown=True
+        )
 
 
 class SandboxTimeoutApi(MeteredApi):
-    """Not for sandbox tokens: a token is handed to a less trusted party (a browser, an
-    agent) for a bounded time, and letting it push back the sandbox's end would let it keep
-    a billed sandbox alive past what its minter chose."""
-
     @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         data = _validated(s.TimeoutInput, request.data)
@@ -261,8 +260,6 @@ class SandboxStatsApi(MeteredApi):
     """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and
     runs nothing in it, and an open playground polls it every few seconds."""
 
-    sandbox_token_methods = frozenset({"GET"})
-
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
         stats = services.sandbox_stats(sandbox=sandbox)
@@ -274,7 +271,6 @@ class SandboxStatsApi(MeteredApi):
 
 class SandboxCommandApi(MeteredApi):
     required_scope = "exec"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CommandInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -299,7 +295,6 @@ class SandboxCommandApi(MeteredApi):
 
 class SandboxCodeApi(MeteredApi):
     required_scope = "exec"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CodeInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -326,7 +321,6 @@ class SandboxCodeApi(MeteredApi):
 
 class FilesApi(MeteredApi):
     required_scope = "files"
-    sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -361,7 +355,6 @@ class FilesApi(MeteredApi):
 
 class FileContentApi(MeteredApi):
     required_scope = "files"
-    sandbox_token_methods = frozenset({"GET", "PUT"})
     parser_classes = [RawBytesParser]
 
     @extend_schema(
@@ -379,10 +372,8 @@ class FileContentApi(MeteredApi):
                 length=query["length"],
             )
             response = HttpResponse(data, content_type="application/octet-stream")
-            name = query["path"].rstrip("/").rsplit("/", 1)[-1]
-            # RFC 6266: a name with control or non-ASCII characters goes in filename*=,
-            # so a name the sandbox chose cannot break the header (CR, LF) or its quoting.
-            response["Content-Disposition"] = content_disposition_header(False, name) or "inline"
+            name = query["path"].rstrip("/").rsplit("/", 1)[-1].replace('"', "")
+            response["Content-Disposition"] = f'inline; filename="{name}"'
             return response
 
         return self.metered(request, feature="files", operation="files.read", run=run)
@@ -393,7 +384,7 @@ class FileContentApi(MeteredApi):
         if query["path"] in ("", "."):
             raise ApplicationError("A file path is required.", code="validation_error")
         sandbox = self.sandbox(request, sandbox_id)
-        body = _upload_body(request)
+        body = request.data if isinstance(request.data, bytes) else b""
 
         def run() -> Response:
             entry = services.sandbox_file_write(sandbox=sandbox, path=query["path"], data=body)
@@ -404,7 +395,6 @@ class FileContentApi(MeteredApi):
 
 class FileStatApi(MeteredApi):
     required_scope = "files"
-    sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -420,7 +410,6 @@ class FileStatApi(MeteredApi):
 
 class MkdirApi(MeteredApi):
     required_scope = "files"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MkdirInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -436,7 +425,6 @@ class MkdirApi(MeteredApi):
 
 class MoveApi(MeteredApi):
     required_scope = "files"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MoveInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -455,7 +443,6 @@ class MoveApi(MeteredApi):
 
 class ProcessListApi(MeteredApi):
     required_scope = "exec"
-    sandbox_token_methods = frozenset({"GET", "POST"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
@@ -486,19 +473,26 @@ class ProcessListApi(MeteredApi):
 
 class ProcessSignalApi(MeteredApi):
     required_scope = "exec"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
     def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
         data = _validated(s.SignalInput, request.data)
-        services.parse_signal(data["signal"])
+        number = services.parse_signal(data["signal"])
         sandbox = self.sandbox(request, sandbox_id)
 
         def run() -> Response:
             services.sandbox_process_signal(sandbox=sandbox, pid=pid, signal=data["signal"])
             return Response({"pid": pid, "signal": data["signal"]})
 
-        return self.metered(request, feature="processes", operation="process.signal", run=run)
+        # Only SIGKILL stops a process whatever it does: a catchable signal could be a
+        # trigger for more work, so it stays an ordinary metered operation.
+        return self.metered(
+            request,
+            feature="processes",
+            operation="process.signal",
+            run=run,
+            teardown=number == signal.SIGKILL,
+        )
 
 
 # --- tokens, one-shot runs, providers -----------------------------------------------------------
@@ -518,8 +512,6 @@ class SandboxTokenApi(MeteredApi):
                 organization_id=principal.organization.pk,
                 scopes=data["scopes"],
                 ttl_s=data["ttl_s"],
-                api_key_id=principal.api_key.pk if principal.api_key else None,
-                user_id=principal.user.pk if principal.user else None,
             )
             from datetime import UTC, datetime
 

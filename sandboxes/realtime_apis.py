@@ -71,7 +71,6 @@ def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
 
 class TerminalListApi(MeteredApi):
     required_scope = "terminal"
-    sandbox_token_methods = frozenset({"GET", "POST"})
 
     @extend_schema(operation_id="v1_sandboxes_terminals_list")
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -100,7 +99,6 @@ class TerminalListApi(MeteredApi):
 
 class TerminalDetailApi(MeteredApi):
     required_scope = "terminal"
-    sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(operation_id="v1_sandboxes_terminal_retrieve")
     def get(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
@@ -117,12 +115,13 @@ class TerminalDetailApi(MeteredApi):
             terminal_kill(sandbox=sandbox, terminal_id=terminal_id)
             return Response(status=status.HTTP_204_NO_CONTENT)
 
-        return self.metered(request, feature="terminal", operation="terminal.kill", run=run)
+        return self.metered(
+            request, feature="terminal", operation="terminal.kill", run=run, teardown=True
+        )
 
 
 class TerminalResizeApi(MeteredApi):
     required_scope = "terminal"
-    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=TerminalResizeInput)
     def post(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
@@ -141,7 +140,6 @@ class TerminalResizeApi(MeteredApi):
 
 class PortListApi(MeteredApi):
     required_scope = "ports"
-    sandbox_token_methods = frozenset({"GET"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)

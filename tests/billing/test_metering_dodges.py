@@ -1,0 +1,104 @@
+"""Ways around the counting rule that were found and closed: an Idempotency-Key reused after
+its record was purged, and teardown refused to an organization past its allowance."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from accounts.models import Organization
+from billing.services import idempotency_purge
+from tests.conftest import _client, assert_error
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _executions(api) -> int:  # type: ignore[no-untyped-def]
+    response = api.get("/api/v1/usage")
+    assert response.status_code == 200, response.content
+    return int(response.json()["executions"])
+
+
+@pytest.fixture
+def free_api(free_key):  # type: ignore[no-untyped-def]
+    return _client(free_key)
+
+
+@pytest.fixture
+def free_sandbox(free_api, local_sandboxes) -> str:  # type: ignore[no-untyped-def]
+    response = free_api.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def test_an_idempotency_key_reused_after_the_purge_is_counted_again(free_api, free_sandbox):  # type: ignore[no-untyped-def]
+    url = f"/api/v1/sandboxes/{free_sandbox}/commands"
+    body = {"command": "echo once"}
+    before = _executions(free_api)
+    first = free_api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="nightly-1")
+    assert first.status_code == 200, first.content
+    replay = free_api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="nightly-1")
+    assert replay["Idempotent-Replayed"] == "true"
+    assert _executions(free_api) == before + 1
+
+    assert idempotency_purge(before=timezone.now() + timedelta(seconds=1)) >= 1
+    again = free_api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="nightly-1")
+    assert again.status_code == 200 and "Idempotent-Replayed" not in again
+    assert _executions(free_api) == before + 2
+
+
+def test_past_the_allowance_destroying_stopping_and_usage_still_work(  # type: ignore[no-untyped-def]
+    settings, free_api, free_sandbox
+):
+    started = free_api.post(
+        f"/api/v1/sandboxes/{free_sandbox}/processes",
+        {"command": "sleep", "args": ["600"]},
+        format="json",
+    )
+    assert started.status_code == 201, started.content
+    pid = started.json()["pid"]
+    settings.SANDPIT_FREE_MONTHLY_EXECUTIONS = _executions(free_api)
+
+    assert_error(
+        free_api.post(
+            f"/api/v1/sandboxes/{free_sandbox}/commands", {"command": "true"}, format="json"
+        ),
+        402,
+        "free_allowance_exhausted",
+    )
+    # A catchable signal could trigger more work in the sandbox: still refused.
+    assert_error(
+        free_api.post(
+            f"/api/v1/sandboxes/{free_sandbox}/processes/{pid}/signal",
+            {"signal": "SIGUSR1"},
+            format="json",
+        ),
+        402,
+        "free_allowance_exhausted",
+    )
+    at_limit = _executions(free_api)
+    killed = free_api.post(
+        f"/api/v1/sandboxes/{free_sandbox}/processes/{pid}/signal",
+        {"signal": "SIGKILL"},
+        format="json",
+    )
+    assert killed.status_code == 200, killed.content
+    destroyed = free_api.delete(f"/api/v1/sandboxes/{free_sandbox}")
+    assert destroyed.status_code == 200, destroyed.content
+    assert destroyed.json()["state"] == "destroyed"
+    # Allowed, and not counted past the allowance.
+    assert _executions(free_api) == at_limit
+
+
+def test_past_a_premium_spending_cap_destroying_still_works(org_a, api_a, local_sandboxes):  # type: ignore[no-untyped-def]
+    created = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert created.status_code == 201, created.content
+    sandbox_id = created.json()["id"]
+    Organization.objects.filter(pk=org_a.pk).update(spending_cap_cents=100)
+
+    assert_error(api_a.get(f"/api/v1/sandboxes/{sandbox_id}/files"), 402, "spending_cap_reached")
+    destroyed = api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
+    assert destroyed.status_code == 200, destroyed.content
+    assert api_a.get("/api/v1/usage").status_code == 200
