@@ -10,6 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
 from rest_framework.renderers import JSONRenderer
@@ -53,6 +54,15 @@ class RawBytesParser(parsers.BaseParser):
         return data
 
 
+def _upload_body(request: Any) -> bytes:
+    """A PUT's body, within the file limit. DRF parses only bodies that declare a
+    Content-Length, so a chunked upload (which has none) would be stored empty: it is read
+    here with the same parser (the request proxies the HttpRequest's read())."""
+    if request.META.get("CONTENT_LENGTH"):
+        return request.data if isinstance(request.data, bytes) else b""
+    return bytes(RawBytesParser().parse(request))
+
+
 def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
@@ -64,9 +74,14 @@ class MeteredApi(APIView):
 
     Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay →
     billing authorization (402) → the operation → count one execution on success.
+
+    Sandbox tokens reach only the methods a view lists in `sandbox_token_methods`, with the
+    view's `required_scope` (accounts.authentication.SandboxTokenAuthentication refuses the
+    rest before the view runs).
     """
 
     required_scope: str | None = None
+    sandbox_token_methods: frozenset[str] = frozenset()
 
     def sandbox(self, request: Any, sandbox_id: str) -> Sandbox:
         principal = principal_of(request)
@@ -224,6 +239,8 @@ class SandboxListApi(MeteredApi):
 
 
 class SandboxDetailApi(MeteredApi):
+    sandbox_token_methods = frozenset({"GET"})
+
     @extend_schema(responses=s.SandboxOutput)
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
@@ -244,6 +261,10 @@ class SandboxDetailApi(MeteredApi):
 
 
 class SandboxTimeoutApi(MeteredApi):
+    """Not for sandbox tokens: a token is handed to a less trusted party (a browser, an
+    agent) for a bounded time, and letting it push back the sandbox's end would let it keep
+    a billed sandbox alive past what its minter chose."""
+
     @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         data = _validated(s.TimeoutInput, request.data)
@@ -260,6 +281,8 @@ class SandboxStatsApi(MeteredApi):
     """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and
     runs nothing in it, and an open playground polls it every few seconds."""
 
+    sandbox_token_methods = frozenset({"GET"})
+
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
         stats = services.sandbox_stats(sandbox=sandbox)
@@ -271,6 +294,7 @@ class SandboxStatsApi(MeteredApi):
 
 class SandboxCommandApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CommandInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -295,6 +319,7 @@ class SandboxCommandApi(MeteredApi):
 
 class SandboxCodeApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CodeInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -321,6 +346,7 @@ class SandboxCodeApi(MeteredApi):
 
 class FilesApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -355,6 +381,7 @@ class FilesApi(MeteredApi):
 
 class FileContentApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET", "PUT"})
     parser_classes = [RawBytesParser]
 
     @extend_schema(
@@ -372,8 +399,10 @@ class FileContentApi(MeteredApi):
                 length=query["length"],
             )
             response = HttpResponse(data, content_type="application/octet-stream")
-            name = query["path"].rstrip("/").rsplit("/", 1)[-1].replace('"', "")
-            response["Content-Disposition"] = f'inline; filename="{name}"'
+            name = query["path"].rstrip("/").rsplit("/", 1)[-1]
+            # RFC 6266: a name with control or non-ASCII characters goes in filename*=,
+            # so a name the sandbox chose cannot break the header (CR, LF) or its quoting.
+            response["Content-Disposition"] = content_disposition_header(False, name) or "inline"
             return response
 
         return self.metered(request, feature="files", operation="files.read", run=run)
@@ -384,7 +413,7 @@ class FileContentApi(MeteredApi):
         if query["path"] in ("", "."):
             raise ApplicationError("A file path is required.", code="validation_error")
         sandbox = self.sandbox(request, sandbox_id)
-        body = request.data if isinstance(request.data, bytes) else b""
+        body = _upload_body(request)
 
         def run() -> Response:
             entry = services.sandbox_file_write(sandbox=sandbox, path=query["path"], data=body)
@@ -395,6 +424,7 @@ class FileContentApi(MeteredApi):
 
 class FileStatApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM])
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -410,6 +440,7 @@ class FileStatApi(MeteredApi):
 
 class MkdirApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MkdirInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -425,6 +456,7 @@ class MkdirApi(MeteredApi):
 
 class MoveApi(MeteredApi):
     required_scope = "files"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MoveInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -443,6 +475,7 @@ class MoveApi(MeteredApi):
 
 class ProcessListApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"GET", "POST"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
@@ -473,6 +506,7 @@ class ProcessListApi(MeteredApi):
 
 class ProcessSignalApi(MeteredApi):
     required_scope = "exec"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
     def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
@@ -512,6 +546,8 @@ class SandboxTokenApi(MeteredApi):
                 organization_id=principal.organization.pk,
                 scopes=data["scopes"],
                 ttl_s=data["ttl_s"],
+                api_key_id=principal.api_key.pk if principal.api_key else None,
+                user_id=principal.user.pk if principal.user else None,
             )
             from datetime import UTC, datetime
 

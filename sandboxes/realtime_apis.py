@@ -71,6 +71,7 @@ def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
 
 class TerminalListApi(MeteredApi):
     required_scope = "terminal"
+    sandbox_token_methods = frozenset({"GET", "POST"})
 
     @extend_schema(operation_id="v1_sandboxes_terminals_list")
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -99,6 +100,7 @@ class TerminalListApi(MeteredApi):
 
 class TerminalDetailApi(MeteredApi):
     required_scope = "terminal"
+    sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(operation_id="v1_sandboxes_terminal_retrieve")
     def get(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
@@ -122,6 +124,7 @@ class TerminalDetailApi(MeteredApi):
 
 class TerminalResizeApi(MeteredApi):
     required_scope = "terminal"
+    sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=TerminalResizeInput)
     def post(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
@@ -140,6 +143,7 @@ class TerminalResizeApi(MeteredApi):
 
 class PortListApi(MeteredApi):
     required_scope = "ports"
+    sandbox_token_methods = frozenset({"GET"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
