@@ -678,7 +678,15 @@ class ExecConsumer(_OutboundConsumer):
             self.error("run_not_found", "No such running command.", id=message.get("id"))
         elif kind == "stdin":
             data = str(message.get("data", "")).encode("utf-8", "surrogatepass")
-            run.send(b"I " + base64.b64encode(data) + b"\n")
+            if data:
+                # Input to a running program can be a whole new command (a shell reading
+                # its stdin), so each stdin message with data is metered like a run.
+                try:
+                    await database_sync_to_async(self._meter_stdin)()
+                except PaymentRequired as exc:
+                    self.error(exc.code, exc.message, id=run.id, status=402)
+                    return
+                run.send(b"I " + base64.b64encode(data) + b"\n")
             if message.get("eof"):
                 run.send(b"C \n")
         elif kind == "stdin_close":
@@ -694,6 +702,13 @@ class ExecConsumer(_OutboundConsumer):
             run.cancel()
         else:
             self.error("invalid_message", f"Unknown message type '{kind}'.")
+
+    def _meter_stdin(self) -> None:
+        """Authorize, then count, one stdin message (synchronous: call from a thread)."""
+        from billing.metering import metering_authorize
+
+        metering_authorize(organization=self.principal.organization, feature="exec")
+        realtime_record(self.principal, "exec.stdin")
 
     async def _start(self, message: dict[str, Any]) -> None:
         run_id = str(message.get("id") or f"r{secrets.token_hex(4)}")

@@ -102,3 +102,69 @@ def test_past_a_premium_spending_cap_destroying_still_works(org_a, api_a, local_
     destroyed = api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
     assert destroyed.status_code == 200, destroyed.content
     assert api_a.get("/api/v1/usage").status_code == 200
+
+
+# --- streaming exec: stdin -----------------------------------------------------------------
+
+
+async def _next(ws, kind: str) -> dict:  # type: ignore[no-untyped-def]
+    """The next message of one type on the exec socket (others skipped)."""
+    while True:
+        message = await ws.receive_json_from(timeout=20)
+        if message["type"] == kind:
+            return message
+
+
+async def _stdout_until(ws, text: str) -> str:  # type: ignore[no-untyped-def]
+    seen = ""
+    while text not in seen:
+        message = await ws.receive_json_from(timeout=20)
+        if message["type"] == "stdout":
+            seen += message["data"]
+    return seen
+
+
+def test_exec_stdin_is_counted_and_refused_past_the_allowance(  # type: ignore[no-untyped-def]
+    settings, free_api, free_key, free_sandbox
+):
+    from asgiref.sync import async_to_sync
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from playground.asgi import application
+
+    settings.SANDPIT_FREE_MONTHLY_EXECUTIONS = 1000
+
+    async def session() -> tuple[dict, str, dict]:
+        ws = WebsocketCommunicator(
+            application,
+            f"/ws/sandboxes/{free_sandbox}/exec",
+            headers=[(b"authorization", f"Bearer {free_key}".encode())],
+        )
+        connected, _ = await ws.connect()
+        assert connected
+        # A shell reading commands from its stdin: every line is a command.
+        await ws.send_json_to({"type": "run", "id": "sh", "command": "sh"})
+        await _next(ws, "started")
+        await ws.send_json_to({"type": "stdin", "id": "sh", "data": "echo first-$((20+1))\n"})
+        await _stdout_until(ws, "first-21")
+        used = await database_sync_to_async(_executions)(free_api)
+        settings.SANDPIT_FREE_MONTHLY_EXECUTIONS = used
+        await ws.send_json_to({"type": "stdin", "id": "sh", "data": "echo refused-$((20+2))\n"})
+        refused = await _next(ws, "error")
+        settings.SANDPIT_FREE_MONTHLY_EXECUTIONS = used + 1
+        await ws.send_json_to({"type": "stdin", "id": "sh", "data": "echo after-$((20+3))\n"})
+        output = await _stdout_until(ws, "after-23")
+        await ws.send_json_to({"type": "cancel", "id": "sh"})
+        await _next(ws, "exit")
+        await ws.disconnect()
+        return refused, output, {"used": used}
+
+    before = _executions(free_api)
+    refused, output, state = async_to_sync(session)()
+    assert refused["code"] == "free_allowance_exhausted" and refused["id"] == "sh"
+    assert refused["status"] == 402
+    # The refused line never reached the shell; the run and both accepted lines counted.
+    assert "refused-22" not in output
+    assert state["used"] == before + 2
+    assert _executions(free_api) == before + 3
