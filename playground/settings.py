@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from our static files
     "channels",
     "accounts",
     "sandboxes",
@@ -110,6 +111,7 @@ MIDDLEWARE = _MiddlewareList(
         # Django's own middleware, subclassed to run inline under ASGI (see playground/middleware.py).
         "playground.metrics.LatencyMiddleware",
         "playground.middleware.SecurityMiddleware",
+        "playground.csp.ContentSecurityPolicyMiddleware",
         "servestatic.middleware.ServeStaticMiddleware",
         "playground.middleware.RequestIdMiddleware",
         "playground.middleware.SessionMiddleware",
@@ -273,6 +275,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Create sandboxes, run code, manage files, terminals and usage.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page loads Swagger UI from our static files: no CDN, works offline, fits the CSP.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Sandboxes ----------------------------------------------------------------------
@@ -289,6 +295,10 @@ SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 1
 SANDPIT_MAX_FILE_BYTES = env_int("SANDPIT_MAX_FILE_BYTES", 10 * 1024 * 1024)
 # JSON request bodies (Django's default, named because the web server's ceiling uses it).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+# Host uids local jails run as when Sandpit runs as root: one per live sandbox, from the
+# base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
+SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
+SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
 # The web server (playground/webserver.py) reads no request body larger than this, in bytes;
 # each endpoint then applies its own limit above.
 SANDPIT_MAX_REQUEST_BYTES = max(SANDPIT_MAX_FILE_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE)
@@ -327,6 +337,25 @@ LOGGING = {
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the playground's JS reads it to call the API with the session
 X_FRAME_OPTIONS = "DENY"
+# Sent on every response that has no policy of its own (playground/csp.py; the port-preview proxy
+# keeps its stricter `sandbox` one). Scripts only from our static files. Styles also allow inline:
+# xterm.js writes its theme into <style> elements it creates, and style cannot run code.
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "frame-src 'self'",
+        "worker-src 'self' blob:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 if PRODUCTION:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -40,6 +40,9 @@ const explorer = new Explorer({
   onDeleted: (path) => editor.closedExternally(path),
 });
 
+// The file input is hidden; this button opens its picker (a listener, not onclick=, for the CSP).
+$("upload-button").addEventListener("click", () => $("upload-input").click());
+
 const terminals = new TerminalTabs({
   sandboxId,
   tabs: $("terminal-tabs"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.requirements import missing_part
+from tests.requirements import jail_root, missing_part
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -72,7 +72,7 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignor
     if "postgresql" not in db["ENGINE"]:
         missing_part("browser tests need DATABASE_URL pointing at Postgres")
     port = _free_port()
-    root = tmp_path_factory.mktemp("browser-sandboxes")
+    root = jail_root("browser-sandboxes")
     prefix = f"sandpit-browser-{os.getpid()}"
     env = {
         **os.environ,
@@ -169,18 +169,37 @@ def browser():  # type: ignore[no-untyped-def]
         chromium.close()
 
 
-@pytest.fixture
-def page(browser, server):  # type: ignore[no-untyped-def]
+def new_page(browser, server: str, *, bypass_csp: bool):  # type: ignore[no-untyped-def]
     context = browser.new_context(
-        base_url=server, viewport={"width": 1400, "height": 900}, accept_downloads=True
+        base_url=server,
+        viewport={"width": 1400, "height": 900},
+        accept_downloads=True,
+        bypass_csp=bypass_csp,
     )
     context.set_default_timeout(15000)
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
     pg.js_errors = errors  # type: ignore[attr-defined]
+    return pg
+
+
+@pytest.fixture
+def page(browser, server):  # type: ignore[no-untyped-def]
+    """A page for the end-to-end tests. They poll page state with wait_for_function, which
+    Playwright compiles in the page (eval), so the app's CSP is bypassed here; the pages under
+    their real CSP are tested in test_csp.py with `strict_page`."""
+    pg = new_page(browser, server, bypass_csp=True)
     yield pg
-    context.close()
+    pg.context.close()
+
+
+@pytest.fixture
+def strict_page(browser, server):  # type: ignore[no-untyped-def]
+    """A page under the app's own Content-Security-Policy (no wait_for_function on it)."""
+    pg = new_page(browser, server, bypass_csp=False)
+    yield pg
+    pg.context.close()
 
 
 @pytest.fixture

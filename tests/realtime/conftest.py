@@ -18,7 +18,7 @@ import httpx
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.requirements import missing_part
+from tests.requirements import jail_root, missing_part
 
 ROOT = Path(__file__).resolve().parents[2]
 # The production launcher: daphne with the request-body ceiling (playground/webserver.py).
@@ -88,8 +88,8 @@ def _database_url_for(name: str) -> str:
 def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
     from django.db import connection
 
-    root = tmp_path_factory.mktemp("rt-sandboxes")
-    log = root.parent / "daphne.log"
+    root = jail_root("rt-sandboxes")
+    log = tmp_path_factory.mktemp("rt-logs") / "daphne.log"
     port = free_port()
     env = {
         **os.environ,
@@ -103,7 +103,19 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*WEBSERVER, "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
+            # Launched as a script launches a server (SIGINT ignored, SIGCHLD blocked): what
+            # runs in the sandboxes must not inherit that (tests/unfriendly_launch.py).
+            [
+                sys.executable,
+                "-m",
+                "tests.unfriendly_launch",
+                *WEBSERVER,
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "playground.asgi:application",
+            ],
             cwd=ROOT,
             env=env,
             stdout=out,
