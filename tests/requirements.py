@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import tempfile
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -28,3 +30,18 @@ def require_module(name: str, why: str) -> ModuleType:
     except ImportError:
         missing_part(why)
         raise  # missing_part never returns
+
+
+JAIL_ROOTS = Path(tempfile.gettempdir()) / "sandpit-test-jails"
+
+
+def jail_root(name: str) -> Path:
+    """A new, empty directory for a local provider's jails, passable (o+x) from /: local
+    jails run as unprivileged host uids that must reach their own directories, and
+    pytest's temp directories are private (0700) and re-made private by every pytest
+    session that starts meanwhile."""
+    JAIL_ROOTS.mkdir(exist_ok=True)
+    os.chmod(JAIL_ROOTS, 0o711)  # noqa: S103 - pass, not list
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=JAIL_ROOTS))
+    os.chmod(path, 0o711)  # noqa: S103 - pass, not list
+    return path

@@ -79,7 +79,10 @@ def _build_local() -> SandboxProvider:
     from .local import LocalProvider
 
     return LocalProvider(
-        root_dir=settings.SANDPIT_LOCAL_ROOT, warm_pool=settings.SANDPIT_LOCAL_WARM_POOL
+        root_dir=settings.SANDPIT_LOCAL_ROOT,
+        warm_pool=settings.SANDPIT_LOCAL_WARM_POOL,
+        host_uid_base=settings.SANDPIT_LOCAL_UID_BASE,
+        host_uid_count=settings.SANDPIT_LOCAL_UID_COUNT,
     )
 
 

@@ -18,7 +18,7 @@ from accounts.authentication import Principal
 from sandboxes.models import Sandbox
 from sandboxes.providers import get_provider, reset_providers
 from sandboxes.services import sandbox_create
-from tests.requirements import missing_part
+from tests.requirements import jail_root, missing_part
 
 RUN_ID = uuid.uuid4().hex[:8]
 INSTALLATION = f"ops-test-{RUN_ID}"
@@ -44,7 +44,7 @@ def docker_available() -> bool:
 
 @pytest.fixture(scope="session")
 def ops_root(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
-    return tmp_path_factory.mktemp("ops-sandboxes")
+    return jail_root("ops-sandboxes")
 
 
 @pytest.fixture

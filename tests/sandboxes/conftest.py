@@ -12,8 +12,9 @@ from sandboxes.providers.base import SandboxProvider, SandboxSpec
 @pytest.fixture(scope="session")
 def local_provider(tmp_path_factory):  # type: ignore[no-untyped-def]
     from sandboxes.providers.local import LocalProvider
+    from tests.requirements import jail_root
 
-    return LocalProvider(root_dir=tmp_path_factory.mktemp("local-sandboxes"))
+    return LocalProvider(root_dir=jail_root("local-sandboxes"))
 
 
 @pytest.fixture(scope="session")

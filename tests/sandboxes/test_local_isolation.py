@@ -35,7 +35,7 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 from sandboxes.providers.local import LocalProvider, net
-from tests.requirements import missing_part
+from tests.requirements import jail_root, missing_part
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -379,7 +379,7 @@ def test_networked_sandbox_cannot_reach_services_on_the_host(
 
 def test_network_is_refused_without_slirp4netns(tmp_path, monkeypatch):
     monkeypatch.setattr(net, "find_tools", lambda: None)
-    provider = LocalProvider(root_dir=tmp_path / "sandboxes")
+    provider = LocalProvider(root_dir=jail_root("sandboxes"))
     assert Capability.NETWORK not in provider.capabilities
     with pytest.raises(CapabilityNotSupported, match="slirp4netns"):
         provider.create(SandboxSpec(sandbox_id="no-net", network=True))
@@ -553,7 +553,7 @@ def test_missing_bwrap_names_what_to_install(tmp_path):
     from sandboxes.providers.base import ProviderUnavailable, SandboxSpec
     from sandboxes.providers.local import LocalProvider
 
-    provider = LocalProvider(root_dir=tmp_path / "sbx", bwrap_path="/nonexistent/bwrap")
+    provider = LocalProvider(root_dir=jail_root("sbx"), bwrap_path="/nonexistent/bwrap")
     health = provider.health()
     assert not health.ok and "apt-get install bubblewrap" in health.detail
     with pytest.raises(ProviderUnavailable, match="apt-get install bubblewrap"):

@@ -31,7 +31,7 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local.pool import PREFIX
-from tests.requirements import missing_part
+from tests.requirements import jail_root, missing_part
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -41,7 +41,7 @@ MakeSandbox = Callable[..., str]
 
 @pytest.fixture(scope="module")
 def warm_provider(tmp_path_factory) -> Iterator[LocalProvider]:  # type: ignore[no-untyped-def]
-    provider = LocalProvider(root_dir=tmp_path_factory.mktemp("warm-sandboxes"), warm_pool=2)
+    provider = LocalProvider(root_dir=jail_root("warm-sandboxes"), warm_pool=2)
     yield provider
     provider.close()
 
@@ -307,14 +307,15 @@ def test_a_failed_claim_falls_back_to_a_cold_start(warm_provider, monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-def test_close_destroys_unclaimed_jails(tmp_path):
-    provider = LocalProvider(root_dir=tmp_path, warm_pool=2)
+def test_close_destroys_unclaimed_jails():
+    jails = jail_root("warm")
+    provider = LocalProvider(root_dir=jails, warm_pool=2)
     assert provider._pool is not None
     assert provider._pool.wait_full(30)
-    states = [_state(provider, name) for name in _pool_dirs(tmp_path)]
+    states = [_state(provider, name) for name in _pool_dirs(jails)]
     assert len(states) == 2
     provider.close()
-    assert _pool_dirs(tmp_path) == set()
+    assert _pool_dirs(jails) == set()
     for state in states:
         assert all(not os.path.exists(path) for path in state["cgroups"].values())
         assert jail.start_ticks(state["jail_pid"]) != state["jail_start_ticks"]
@@ -323,7 +324,7 @@ def test_close_destroys_unclaimed_jails(tmp_path):
         assert not _was_warm(provider, handle.provider_id)
     finally:
         provider.destroy(handle.provider_id)
-    assert _pool_dirs(tmp_path) == set()
+    assert _pool_dirs(jails) == set()
 
 
 _OWNER = """
@@ -351,11 +352,12 @@ def _owner(root: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def test_another_live_processs_pool_is_hidden_then_reaped_when_it_dies(tmp_path):
-    owner = _owner(tmp_path)
-    provider = LocalProvider(root_dir=tmp_path)
+def test_another_live_processs_pool_is_hidden_then_reaped_when_it_dies():
+    jails = jail_root("warm")
+    owner = _owner(jails)
+    provider = LocalProvider(root_dir=jails)
     try:
-        pool = _pool_dirs(tmp_path)
+        pool = _pool_dirs(jails)
         assert len(pool) == 2
         assert provider.list() == []
         owner.kill()
@@ -365,40 +367,42 @@ def test_another_live_processs_pool_is_hidden_then_reaped_when_it_dies(tmp_path)
         assert all(not h.labels for h in listed.values())
         for provider_id in pool:
             assert provider.destroy(provider_id)
-        assert _pool_dirs(tmp_path) == set()
+        assert _pool_dirs(jails) == set()
         assert provider.list() == []
     finally:
         if owner.poll() is None:
             owner.kill()
             owner.wait(30)
-        for name in _pool_dirs(tmp_path):
+        for name in _pool_dirs(jails):
             provider.destroy(name)
 
 
-def test_a_crashed_owners_jails_stop_waiting_for_their_configuration(tmp_path):
-    owner = _owner(tmp_path)
+def test_a_crashed_owners_jails_stop_waiting_for_their_configuration():
+    jails = jail_root("warm")
+    owner = _owner(jails)
     assert owner.stdin is not None
     owner.stdin.write("crash\n")
     owner.stdin.close()
     owner.wait(30)
-    provider = LocalProvider(root_dir=tmp_path)
+    provider = LocalProvider(root_dir=jails)
     try:
         handles = provider.list()
         assert len(handles) == 2
         # the agent saw EOF on its configuration pipe and answers with its defaults
         assert {h.state for h in handles} == {SandboxState.RUNNING}
     finally:
-        for name in _pool_dirs(tmp_path):
+        for name in _pool_dirs(jails):
             provider.destroy(name)
 
 
-def test_clean_exit_destroys_the_pool(tmp_path):
-    owner = _owner(tmp_path)
+def test_clean_exit_destroys_the_pool():
+    jails = jail_root("warm")
+    owner = _owner(jails)
     assert owner.stdin is not None
     owner.stdin.write("exit\n")
     owner.stdin.close()
     assert owner.wait(30) == 0
-    assert _pool_dirs(tmp_path) == set()
+    assert _pool_dirs(jails) == set()
 
 
 def test_a_forked_child_does_not_claim_its_parents_jails(warm_provider):

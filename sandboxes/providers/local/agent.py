@@ -200,6 +200,27 @@ def _child_setup(cwd: str, tty: bool) -> None:
     os.chdir(cwd)
 
 
+_RESET_SIGNALS = tuple(
+    sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}, key=int)
+)
+"""Every signal whose disposition a command must start with at its default: a server
+launched by a script ignores SIGINT and SIGQUIT, and ignored dispositions survive exec."""
+
+
+def reset_inherited_signals() -> None:
+    """Undo what the agent inherited from whoever started the server: ignored signals
+    (except the two Python ignores on purpose) and a blocked signal mask."""
+    for sig in _RESET_SIGNALS:
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # signals Python may not touch (e.g. RT ones in use)
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 WORKSPACE = "/workspace"
 """The agent's own working directory (bwrap --chdir), the default cwd of commands."""
 SPAWN_LIMITS = {"fast": False}
@@ -260,8 +281,9 @@ def _posix_spawn(
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
             setsid=True,
             setsigmask=(),
-            # Python ignores SIGPIPE and SIGXFSZ; user code expects the defaults.
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            # Python ignores SIGPIPE and SIGXFSZ, a script that started the server may
+            # have ignored more: user code starts with every default.
+            setsigdef=_RESET_SIGNALS,
         )
     except OSError:
         return None
@@ -301,10 +323,12 @@ def spawn(
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
                 _child_setup(cwd, tty)
-                # Python ignores SIGPIPE and SIGXFSZ; user code expects the defaults
-                # (ignored dispositions survive exec).
-                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+                # Ignored dispositions survive exec: user code starts with every
+                # default (Python ignores SIGPIPE and SIGXFSZ, a script that started
+                # the server may have ignored SIGINT and SIGQUIT) and nothing blocked.
+                for sig in _RESET_SIGNALS:
+                    if signal.getsignal(sig) == signal.SIG_IGN:
+                        signal.signal(sig, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, [])
                 if program is None:
                     raise FileNotFoundError("command not found")
@@ -987,6 +1011,7 @@ def _try_send(conn: socket.socket, obj: dict) -> None:
 
 def main() -> None:
     CONFIG.update(json_loads(sys.argv[1]))
+    reset_inherited_signals()  # before any thread starts: they inherit the mask
     if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
         _limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code

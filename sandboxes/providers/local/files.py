@@ -8,6 +8,9 @@ absolute link to anything but ``/workspace``, ``..`` above the root, NUL bytes
 or over-long paths raise PathNotAllowed. The final operation always uses the
 parent's descriptor and ``O_NOFOLLOW``, so a link swapped in between is refused
 rather than followed.
+
+When the server runs as root, what it creates here is handed to the owner of the
+workspace root (the jail's host uid), so the sandbox can change and remove it.
 """
 
 from __future__ import annotations
@@ -97,17 +100,28 @@ def _normalize(base: list[str], parts: list[str], shown: str) -> list[str]:
 class Workspace:
     """Safe file operations on one sandbox's workspace directory."""
 
-    def __init__(self, root: Path, max_file_bytes: int) -> None:
+    def __init__(self, root: Path, max_file_bytes: int, *, chown_to_owner: bool = False) -> None:
         self.root = root
         self.max_file_bytes = max_file_bytes
+        self.chown_to_owner = chown_to_owner
+        self._owner: tuple[int, int] | None = None
 
     # -- resolution -------------------------------------------------------
 
     def _open_root(self) -> int:
         try:
-            return os.open(self.root, _DIR_FLAGS)
+            fd = os.open(self.root, _DIR_FLAGS)
         except FileNotFoundError:
             raise SandboxGone("the sandbox no longer exists") from None
+        if self.chown_to_owner and self._owner is None:
+            st = os.fstat(fd)
+            self._owner = (st.st_uid, st.st_gid)
+        return fd
+
+    def _give(self, name: str, dir_fd: int) -> None:
+        """Hand a file or directory we just created to the workspace's owner."""
+        if self._owner is not None:
+            os.chown(name, *self._owner, dir_fd=dir_fd, follow_symlinks=False)
 
     def resolve(
         self, path: str, *, follow_last: bool, create_dirs: bool = False
@@ -134,6 +148,7 @@ class Workspace:
                         raise FileNotFound(f"no such file or directory: {path}") from None
                     with os_errors(path):
                         os.mkdir(name, 0o755, dir_fd=dfd)
+                        self._give(name, dfd)
                     continue
                 if stat_mod.S_ISLNK(st.st_mode):
                     hops += 1
@@ -242,8 +257,11 @@ class Workspace:
                     dir_fd=dfd,
                 )
                 try:
-                    if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+                    st = os.fstat(fd)
+                    if not stat_mod.S_ISREG(st.st_mode):
                         raise FileConflict(f"not a regular file: {path}")
+                    if self._owner is not None and (st.st_uid, st.st_gid) != self._owner:
+                        os.fchown(fd, *self._owner)
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
@@ -260,6 +278,7 @@ class Workspace:
                 if name is not None:
                     try:
                         os.mkdir(name, 0o755, dir_fd=dfd)
+                        self._give(name, dfd)
                     except FileExistsError:
                         pass
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)

@@ -1,6 +1,7 @@
 """One bubblewrap jail per sandbox: its directory layout, cgroups, bwrap command line and state.
 
-Layout of ``root_dir/<id>/`` (0700, owned by the host user running Sandpit)::
+Layout of ``root_dir/<id>/`` (0711, owned by the host user running Sandpit; the
+jail's own host uid may pass through it to the three directories it owns)::
 
     vol/         a tmpfs of resources.disk_mb holding the three below (see volume.py)
     workspace/   bind-mounted read-write at /workspace (the cwd, HOME)
@@ -9,11 +10,12 @@ Layout of ``root_dir/<id>/`` (0700, owned by the host user running Sandpit)::
     state.json   pids, cgroup paths, spec; enough for any process to reap the jail
     jail.log     bwrap's and the agent's stderr (host-only)
 
-bwrap runs as the host user with ``--unshare-user``: uid 1000 inside maps to
-that user outside, without any capability (``--cap-drop ALL``). Consequence
-worth knowing: when Sandpit runs as root, a file owned by root and visible in
-the jail is readable by the sandbox whatever its mode, so only /usr and a
-hand-picked list of /etc files are mounted.
+bwrap runs as the jail's own unprivileged host uid (identity.py) with
+``--unshare-user``: uid 1000 inside maps to that uid outside, without any
+capability (``--cap-drop ALL``), so the jail is never host root, even when
+Sandpit is. ``/proc/sys`` is read-only inside and the /proc files container
+runtimes mask are covered with an empty device (see ``_MASKED_PROC``). Only /usr
+and a hand-picked list of /etc files of the host are mounted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from sandboxes.providers.base import Resources
 from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
-AGENT_PATH = Path(__file__).with_name("agent.py")
+AGENT_SOURCE = Path(__file__).with_name("agent.py")
 JAIL_AGENT = "/opt/sandpit/agent.py"
 JAIL_SOCKET = "/run/sandpit/agent.sock"
 JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -61,6 +63,27 @@ _ETC_FILES = (
     "os-release",
 )
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# What Docker/runc mask by default: kernel memory, keys, timers and debug views. Files get
+# /dev/null bound over them, directories an empty read-only tmpfs. Only paths this
+# kernel has are covered (bwrap cannot bind over a missing file).
+_MASKED_PROC_FILES = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/sysrq-trigger",
+    "/proc/kallsyms",
+)
+_MASKED_PROC_DIRS = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/bus",
+)
 _CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 
 
@@ -201,8 +224,11 @@ def cgroup_pids(path: str) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def cgroups_remove(paths: dict[str, str]) -> None:
-    """Kill whatever is still in the cgroups, then remove them (waits up to ~2 s)."""
+def cgroups_remove(paths: dict[str, str]) -> bool:
+    """Kill whatever is still in the cgroups, then remove them (waits up to ~2 s).
+
+    False when a cgroup still held processes at the deadline."""
+    removed = True
     for path in paths.values():
         deadline = time.monotonic() + 2.0
         while os.path.isdir(path):
@@ -218,8 +244,10 @@ def cgroups_remove(paths: dict[str, str]) -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline:
+                    removed = False
                     break
                 time.sleep(0.005)
+    return removed
 
 
 # ---------------------------------------------------------------------------
@@ -244,10 +272,14 @@ class JailState:
     pool_owner_pid: int = 0
     """Non-zero while the jail is an unclaimed warm jail of that process (see pool.py)."""
     pool_owner_ticks: int = 0
+    host_uid: int = -1
+    """The host uid the jail runs as (identity.py); -1 in states written before it existed."""
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.__dict__))
         os.replace(tmp, path)
 
     @classmethod
@@ -319,11 +351,23 @@ def write_shared_etc(etc_dir: Path) -> None:
             os.replace(tmp, path)
 
 
+def install_agent(target: Path) -> None:
+    """Copy the agent where every jail uid may read it (the source tree may not be)."""
+    data = AGENT_SOURCE.read_bytes()
+    if target.exists() and target.read_bytes() == data:
+        return
+    tmp = target.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+
+
 def bwrap_argv(
     *,
     bwrap: str,
     sandbox_dir: Path,
     shared_etc: Path,
+    agent_path: Path,
     network: bool,
     env: dict[str, str],
     info_fd: int,
@@ -355,7 +399,17 @@ def bwrap_argv(
             args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    # A fresh proc for the jail's pid namespace, with /proc/sys read-only whatever the
+    # jail's uid (bwrap covers it only when it looks writable to bwrap itself). Sysctl
+    # files answer for the reader's namespaces, so this shows the jail its own
+    # hostname and network settings, not the host's.
+    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
+    for path in _MASKED_PROC_FILES:
+        if os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    for path in _MASKED_PROC_DIRS:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
     for name in _ETC_FILES:
         if os.path.exists(f"/etc/{name}"):
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
@@ -374,7 +428,7 @@ def bwrap_argv(
         str(sandbox_dir / "run"),
         "/run/sandpit",
         "--ro-bind",
-        str(AGENT_PATH),
+        str(agent_path),
         JAIL_AGENT,
         "--chdir",
         "/workspace",

@@ -52,6 +52,7 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import jail, net, volume, wire
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
+from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
@@ -82,7 +83,9 @@ class LocalProvider:
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
 
     `warm_pool` is how many idle jails to keep started for `create` to claim (0: none);
-    call `close()` to destroy them before dropping a provider that has some.
+    call `close()` to destroy them before dropping a provider that has some. When Sandpit
+    runs as root, each jail runs as its own host uid from ``host_uid_base`` on
+    (``host_uid_count`` of them; see identity.py).
     """
 
     name = "local"
@@ -94,14 +97,26 @@ class LocalProvider:
         bwrap_path: str = "bwrap",
         max_file_bytes: int = 50 * 1024 * 1024,
         warm_pool: int = 0,
+        host_uid_base: int = 1_000_000_000,
+        host_uid_count: int = 65_536,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
         self.max_file_bytes = max_file_bytes
         self.root_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root_dir, 0o700)
-        self._shared_etc = self.root_dir / ".sandpit" / "etc"
+        # Jail uids may pass through (not list) the root to reach their own directory.
+        os.chmod(self.root_dir, 0o711)  # noqa: S103 - passable by jail uids, not listable
+        shared = self.root_dir / ".sandpit"
+        shared.mkdir(exist_ok=True)
+        os.chmod(shared, 0o711)  # noqa: S103 - passable by jail uids, not listable
+        self._shared_etc = shared / "etc"
         jail.write_shared_etc(self._shared_etc)
+        os.chmod(self._shared_etc, 0o755)  # noqa: S103 - files every jail reads
+        self._agent_path = shared / "agent.py"
+        jail.install_agent(self._agent_path)
+        self._identities = HostIdentities(shared / "uids", host_uid_base, host_uid_count)
+        if self._identities.switching:
+            _check_passable(self.root_dir)
         self._cgroup_bases = jail.cgroup_bases()
         self._net_tools = net.find_tools()
         if self._net_tools is None:
@@ -134,7 +149,11 @@ class LocalProvider:
         return path, state
 
     def _workspace(self, provider_id: str) -> Workspace:
-        return Workspace(self._dir(provider_id) / "workspace", self.max_file_bytes)
+        return Workspace(
+            self._dir(provider_id) / "workspace",
+            self.max_file_bytes,
+            chown_to_owner=self._identities.switching,
+        )
 
     # -------------------------------------------------------------- lifecycle
 
@@ -252,6 +271,12 @@ class LocalProvider:
         agent takes its configuration from that pipe (see pool.py)."""
         warm = config_fd is not None
         res = spec.resources
+        host_uid = self._identities.acquire(spec.sandbox_id)
+        try:
+            _own_uid_file(sdir, host_uid)
+        except BaseException:
+            self._identities.release(host_uid)
+            raise
         if self._disk_quota:
             try:
                 volume.create(sdir, res.disk_mb)
@@ -262,6 +287,7 @@ class LocalProvider:
         else:
             for sub in volume.SUBDIRS:
                 (sdir / sub).mkdir(mode=0o755)
+        _hand_over_dirs(sdir, host_uid)
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         if warm:  # let it start without slowing the sandboxes in use
             jail.cgroups_set_background(cgroups, True)
@@ -278,13 +304,19 @@ class LocalProvider:
             bwrap=self.bwrap_path,
             sandbox_dir=sdir,
             shared_etc=self._shared_etc,
+            agent_path=self._agent_path,
             network=spec.network,
             env=jail.base_env(env),
             info_fd=info_w,
             block_fd=block_r,
             agent_config=config,
         )
-        log = open(sdir / "jail.log", "ab")  # noqa: SIM115 - handed to the child
+        log = os.fdopen(  # noqa: SIM115 - handed to the child
+            os.open(
+                sdir / "jail.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+            ),
+            "ab",
+        )
         try:
             proc = subprocess.Popen(
                 argv,
@@ -293,6 +325,7 @@ class LocalProvider:
                 stderr=log,
                 pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
                 start_new_session=True,
+                **_run_as(host_uid),
             )
         except OSError as exc:
             raise ProviderUnavailable(
@@ -320,7 +353,12 @@ class LocalProvider:
             jail_pid = int(info["child-pid"])
             # The jail is blocked on block_fd until it sits in its cgroups.
             jail.cgroups_join(cgroups, jail_pid)
-            os.write(block_w, b"x")
+            try:
+                os.write(block_w, b"x")
+            except BrokenPipeError:  # bwrap gave up during its set-up
+                raise ProviderUnavailable(
+                    f"the sandbox did not start: {_tail(sdir / 'jail.log')}"
+                ) from None
             ticks = jail.start_ticks(jail_pid) or 0
             firewall = None
             if spec.network:  # set up while the agent starts
@@ -341,6 +379,7 @@ class LocalProvider:
                 slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
                 pool_owner_pid=os.getpid() if warm else 0,
                 pool_owner_ticks=(jail.start_ticks(os.getpid()) or 0) if warm else 0,
+                host_uid=host_uid,
             ).save(sdir / "state.json")
             deadline = time.monotonic() + CREATE_TIMEOUT_S
             if not _read_ready(ready_r, deadline):
@@ -482,10 +521,15 @@ class LocalProvider:
             if state is not None
             else {ctrl: f"{base}/{provider_id}" for ctrl, base in self._cgroup_bases.items()}
         )
-        jail.cgroups_remove(cgroups)
+        emptied = jail.cgroups_remove(cgroups)
         self._cpu_samples.pop(provider_id, None)
         volume.remove(sdir)
+        host_uid = _read_uid_file(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
+        # Only once nothing runs as the jail's uid may another jail take it; a uid whose
+        # processes outlived the kill stays reserved (a leak of one uid, never a share).
+        if host_uid is not None and emptied:
+            self._identities.release(host_uid)
 
     def set_timeout(self, provider_id: str, timeout_s: int) -> None:
         """Record the idle timeout hint (the reaper enforces it)."""
@@ -1012,3 +1056,52 @@ def _disk_usage_fd(fd: int, depth: int) -> int:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
+
+
+_UID_FILE = "host_uid"
+
+
+def _own_uid_file(sdir: Path, host_uid: int) -> None:
+    """Record the jail's host uid before anything runs as it, so a teardown that finds
+    no state.json (a create that failed early) still gives the uid back."""
+    fd = os.open(sdir / _UID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(host_uid))
+
+
+def _read_uid_file(sdir: Path) -> int | None:
+    try:
+        return int((sdir / _UID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _hand_over_dirs(sdir: Path, host_uid: int) -> None:
+    """Give the jail's uid its three writable directories; the sandbox directory itself
+    stays the server's (state.json, jail.log), passable but not listable."""
+    os.chmod(sdir, 0o711)  # noqa: S103 - passable by jail uids, not listable
+    for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("run", 0o755)):
+        path = sdir / sub
+        os.chown(path, host_uid, host_uid)
+        os.chmod(path, mode)
+
+
+def _run_as(host_uid: int) -> dict[str, object]:
+    """Popen arguments that start bwrap as `host_uid` (no supplementary groups), when
+    that is not who we are already."""
+    if host_uid == os.geteuid():
+        return {}
+    return {"user": host_uid, "group": host_uid, "extra_groups": []}
+
+
+def _check_passable(root_dir: Path) -> None:
+    """bwrap runs as the jail's uid and opens the jail's directories by path, so every
+    directory above `root_dir` must let other users pass (o+x)."""
+    for directory in Path(os.path.abspath(root_dir)).parents:
+        if not os.stat(directory).st_mode & 0o001:
+            raise ProviderUnavailable(
+                f"The local provider's root {root_dir} is below {directory}, which other "
+                "users may not pass through, so the sandboxes' unprivileged host uids could "
+                "not reach their files. Set SANDPIT_LOCAL_ROOT to a directory under a "
+                f"passable path (e.g. /var/lib/sandpit/sandboxes) or `chmod o+x {directory}`."
+            )

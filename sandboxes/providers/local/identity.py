@@ -1,0 +1,77 @@
+"""Which host uid each local sandbox runs as.
+
+bwrap maps the sandbox's uid 1000 onto the uid that starts it. Started by a root
+server, that was host uid 0: capabilities were dropped, but every check that only
+compares uids (``/proc/sys`` files, files owned by root) saw root. So a root server
+starts each jail as a host uid of its own, taken from a reserved range
+(``SANDPIT_LOCAL_UID_BASE`` .. ``+ SANDPIT_LOCAL_UID_COUNT``): no sandbox is ever host
+root, and two sandboxes are two different host users, so neither can signal, trace
+or read the other's files even if it reached them. The uid doubles as the gid.
+
+Uids need no /etc/passwd entry. A uid is taken by creating ``<lock_dir>/<uid>`` with
+O_EXCL (atomic across every process sharing ``root_dir``) and given back when the jail
+is torn down, after its processes are dead. A server that is not root cannot switch
+uids; its jails run as its own (unprivileged) uid.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+from sandboxes.providers.base import ResourceExhausted
+
+
+class HostIdentities:
+    """Allocator of host uids for jails (one uid per live jail)."""
+
+    def __init__(self, lock_dir: Path, base: int, count: int) -> None:
+        if base < 1 or count < 1:
+            raise ValueError("the uid range must be positive and non-empty")
+        self.lock_dir = Path(lock_dir)
+        self.base = int(base)
+        self.count = int(count)
+        self.switching = os.geteuid() == 0
+        if self.switching:
+            self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def contains(self, uid: int) -> bool:
+        return self.base <= uid < self.base + self.count
+
+    def acquire(self, owner: str) -> int:
+        """A free host uid for the jail `owner` (its directory name, for operators).
+
+        The search starts at a hash of `owner`, so concurrent creates rarely collide.
+        Raises ResourceExhausted when every uid of the range is taken.
+        """
+        if not self.switching:
+            return os.geteuid()
+        start = zlib.crc32(owner.encode()) % self.count
+        for step in range(self.count):
+            uid = self.base + (start + step) % self.count
+            try:
+                fd = os.open(
+                    self.lock_dir / str(uid),
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                    0o600,
+                )
+            except FileExistsError:
+                continue
+            try:
+                os.write(fd, owner.encode())
+            finally:
+                os.close(fd)
+            return uid
+        raise ResourceExhausted(
+            f"all {self.count} sandbox host uids are in use (SANDPIT_LOCAL_UID_COUNT)"
+        )
+
+    def release(self, uid: int) -> None:
+        """Give `uid` back; only once nothing runs as it any more."""
+        if not self.switching or not self.contains(uid):
+            return
+        try:
+            os.unlink(self.lock_dir / str(uid))
+        except FileNotFoundError:
+            pass

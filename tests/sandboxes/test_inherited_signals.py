@@ -1,0 +1,67 @@
+"""Nothing a sandbox runs inherits the signal state of whoever started the server.
+
+A server started by a script (CI, an init script, `make run &`) has SIGINT and SIGQUIT
+ignored, and some supervisors leave SIGCHLD blocked; ignored dispositions and the mask
+survive exec. Once passed on, Ctrl-C never interrupted anything in a local terminal.
+The probe (signals_probe.py) runs a provider of its own under exactly that state.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.requirements import jail_root
+
+REPO = Path(__file__).resolve().parents[2]
+
+# glibc's posix_spawn (the agent's fast path) leaves its two internal signals (32 and 33,
+# below SIGRTMIN: no glibc program can name or use them) ignored in every child it starts,
+# and Python cannot ask it not to; nothing else may be.
+GLIBC_INTERNAL = {32, 33}
+SPAWNED = {"spawned", "code", "background"}
+
+
+def _signals(mask: str) -> set[int]:
+    bits = int(mask, 16)
+    return {n + 1 for n in range(64) if bits >> n & 1}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    proc = subprocess.run(  # noqa: S603 - our interpreter and modules
+        [
+            sys.executable,
+            "-m",
+            "tests.unfriendly_launch",
+            sys.executable,
+            "-m",
+            "tests.sandboxes.signals_probe",
+            str(jail_root("signals")),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", ["spawned", "forked", "code", "background", "terminal"])
+def test_nothing_is_ignored_or_blocked(report, path):
+    state = report[path]
+    assert set(state) == {"SigIgn", "SigBlk"}, state
+    ignored = _signals(state["SigIgn"]) - (GLIBC_INTERNAL if path in SPAWNED else set())
+    assert ignored == set(), f"{path}: ignored {sorted(ignored)}"
+    assert _signals(state["SigBlk"]) == set(), f"{path}: blocked {state['SigBlk']}"
+    assert signal.SIGINT not in _signals(state["SigIgn"])
+
+
+def test_ctrl_c_interrupts_a_foreground_job(report):
+    assert report["ctrl_c_worked"], report
