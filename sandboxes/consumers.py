@@ -49,6 +49,12 @@ NO_CHANNEL_LAYER = "__sandpit_none__"
 """Alias of no configured layer: terminal and exec sockets need no layer channel (and no
 Redis connection each)."""
 METER_FLUSH_S = 1.0
+METER_WINDOW_S = 60.0
+"""Terminal input is counted at least once per started window (of a socket) with any input:
+keystrokes that run commands without an Enter (Ctrl-O, a `read -d ';'` loop, a program in
+raw mode) cannot make a terminal free."""
+meter_clock = time.monotonic
+"""The clock of those windows (a module attribute, so tests can drive it)."""
 MAX_SLOW_CLIENT_BYTES = 8 * 1024 * 1024
 """A socket that falls this far behind the terminal is closed (1013) rather than buffered."""
 _CLOSE = object()
@@ -192,6 +198,27 @@ def count_enters(data: bytes) -> int:
     return data.count(b"\r") + data.count(b"\n") - data.count(b"\r\n")
 
 
+class TerminalMeter:
+    """The terminal counting rule: in each started window of METER_WINDOW_S in which input
+    arrived, max(1, Enters in that window) executions."""
+
+    def __init__(self) -> None:
+        self._started = meter_clock()
+        self._window = -1
+        self._enters = 0
+        self._charged = 0
+
+    def input(self, data: bytes) -> int:
+        """Executions newly due for this input (0 or more)."""
+        window = int((meter_clock() - self._started) // METER_WINDOW_S)
+        if window != self._window:
+            self._window, self._enters, self._charged = window, 0, 0
+        self._enters += count_enters(data)
+        due = max(1, self._enters) - self._charged
+        self._charged += due
+        return due
+
+
 class TerminalConsumer(_OutboundConsumer):
     """/ws/sandboxes/<id>/terminals/<tid>: raw bytes both ways, JSON for control."""
 
@@ -221,6 +248,7 @@ class TerminalConsumer(_OutboundConsumer):
         self.terminal: Terminal | None = terminal
         self._lines = 0
         self._line_seq = 0
+        self._meter = TerminalMeter()
         self._meter_id = uuid.uuid4().hex
         await self.accept()
         self._init_outbound()
@@ -282,9 +310,7 @@ class TerminalConsumer(_OutboundConsumer):
 
     def _input(self, terminal: Terminal, data: bytes) -> None:
         terminal.write(data)
-        enters = count_enters(data)
-        if enters:
-            self._lines += enters
+        self._lines += self._meter.input(data)
 
     # metering -----------------------------------------------------------------------------------
 

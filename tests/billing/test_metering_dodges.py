@@ -168,3 +168,67 @@ def test_exec_stdin_is_counted_and_refused_past_the_allowance(  # type: ignore[n
     assert "refused-22" not in output
     assert state["used"] == before + 2
     assert _executions(free_api) == before + 3
+
+
+# --- terminals: commands without an Enter ------------------------------------------------------
+
+
+async def _terminal_until(ws, pattern: bytes, seen: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+    while pattern not in b"".join(seen):
+        message = await ws.receive_output(timeout=20)
+        if message.get("bytes"):
+            seen.append(message["bytes"])
+
+
+def test_terminal_commands_without_enter_are_counted_per_started_minute(  # type: ignore[no-untyped-def]
+    monkeypatch, api_a, key_a, local_sandboxes
+):
+    import json
+
+    from asgiref.sync import async_to_sync
+    from channels.testing import HttpCommunicator, WebsocketCommunicator
+
+    from playground.asgi import application
+    from sandboxes import consumers
+
+    clock = [1000.0]
+    monkeypatch.setattr(consumers, "meter_clock", lambda: clock[0], raising=False)
+    created = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert created.status_code == 201, created.content
+    sandbox_id = created.json()["id"]
+    auth = (b"authorization", f"Bearer {key_a}".encode())
+
+    async def session() -> None:
+        made = await HttpCommunicator(
+            application,
+            "POST",
+            f"/api/v1/sandboxes/{sandbox_id}/terminals",
+            body=b'{"shell": "/bin/bash"}',
+            headers=[auth, (b"content-type", b"application/json"), (b"host", b"localhost")],
+        ).get_response(timeout=20)
+        assert made["status"] == 201, made["body"]
+        ws = WebsocketCommunicator(application, json.loads(made["body"])["ws_path"], [auth])
+        assert (await ws.connect())[0]
+        seen: list[bytes] = []
+        await _terminal_until(ws, b"$ ", seen)
+        # Minute 1: bash's Ctrl-O (operate-and-get-next) runs the line without an Enter,
+        # then one Enter starts a loop that runs every ';'-terminated input as a command.
+        await ws.send_to(bytes_data=b"echo ctrl-$((40+2))\x0f")
+        await _terminal_until(ws, b"ctrl-42", seen)
+        await ws.send_to(bytes_data=b"\x15while read -r -d ';' c; do eval \"$c\"; done\r")
+        await ws.send_to(bytes_data=b"echo loop-$((50+1));")
+        await _terminal_until(ws, b"loop-51", seen)
+        # Minutes 2 and 3: commands through the loop, never an Enter.
+        clock[0] += 60
+        await ws.send_to(bytes_data=b"echo loop-$((50+2));")
+        await ws.send_to(bytes_data=b"echo loop-$((50+3));")
+        await _terminal_until(ws, b"loop-53", seen)
+        clock[0] += 60
+        await ws.send_to(bytes_data=b"echo loop-$((50+4));")
+        await _terminal_until(ws, b"loop-54", seen)
+        await ws.disconnect()  # records what is still unflushed
+
+    before = _executions(api_a)
+    async_to_sync(session)()
+    # terminal.create, then max(1, Enters) for each of the three minutes with input.
+    assert _executions(api_a) == before + 1 + 3
