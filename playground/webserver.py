@@ -89,6 +89,13 @@ class BodyLimitedWebRequest(WebRequest):
     def process(self) -> Any:
         if self.refused:
             return None
+        if self.requestHeaders.hasHeader(b"transfer-encoding"):
+            # The body is complete and counted: present it with its length, as a buffering
+            # proxy does, so the application reads a chunked upload like any other.
+            self.requestHeaders.removeHeader(b"transfer-encoding")
+            self.requestHeaders.setRawHeaders(
+                b"content-length", [str(self.received_bytes).encode()]
+            )
         return super().process()
 
 

@@ -160,8 +160,17 @@ def _fingerprint(request: Any) -> str:
     digest = hashlib.sha256()
     digest.update(request.method.encode())
     digest.update(request.get_full_path().encode())
-    digest.update(request.body if request.method not in ("GET", "HEAD") else b"")
+    digest.update(_body_as_read(request))
     return digest.hexdigest()
+
+
+def _body_as_read(request: Any) -> bytes:
+    """The request body as the view read it. File content is parsed from the stream, after
+    which Django refuses request.body; JSON is parsed from request.body."""
+    if request.method in ("GET", "HEAD"):
+        return b""
+    data = request.data
+    return data if isinstance(data, bytes) else bytes(request.body)
 
 
 def _stored(response: HttpResponse) -> StoredResponse:

@@ -13,6 +13,7 @@ from .providers.base import ExecResult, FileEntry, ProcessInfo
 MAX_PATH_CHARS = 4096
 MAX_COMMAND_CHARS = 65536
 MAX_ENV_VARS = 100
+MAX_OFFSET = 2**63 - 1
 
 
 class StrictCharField(serializers.CharField):
@@ -215,8 +216,11 @@ def process_data(info: ProcessInfo) -> dict[str, Any]:
 class PathQuery(serializers.Serializer):
     path = PathField(required=False, default=".", allow_blank=True)
     recursive = serializers.BooleanField(required=False, default=False)
-    offset = serializers.IntegerField(required=False, min_value=0, default=0)
-    length = serializers.IntegerField(required=False, min_value=0, allow_null=True, default=None)
+    # Bounded by what a file offset (off_t) can hold: past it, pread raises OverflowError.
+    offset = serializers.IntegerField(required=False, min_value=0, max_value=MAX_OFFSET, default=0)
+    length = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_OFFSET, allow_null=True, default=None
+    )
 
 
 class MkdirInput(serializers.Serializer):

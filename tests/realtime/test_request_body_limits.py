@@ -145,3 +145,27 @@ def test_json_body_over_its_limit_is_413_on_the_live_server(server, rt_api_a):
     )
     assert response.status_code == 413, response.text[:300]
     assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_chunked_upload_with_an_idempotency_key_is_stored_once(server, rt_api_a):
+    sandbox_id = create_sandbox(rt_api_a)
+    answers = []
+    for _ in range(2):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            head = put_request(
+                server,
+                rt_api_a,
+                sandbox_id,
+                "chunked.bin",
+                Transfer_Encoding="chunked",
+                Idempotency_Key="chunked-upload-1",
+            )
+            sock.sendall(head + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            answers.append(read_response(sock))
+    (status, headers, body), (replay_status, replay_headers, replay_body) = answers
+    assert status == 201, body[:300]
+    assert json.loads(body)["size"] == len(b"hello world")
+    assert (replay_status, replay_body) == (201, body)
+    assert replay_headers.get("idempotent-replayed") == "true"
+    content = rt_api_a.get(f"/api/v1/sandboxes/{sandbox_id}/files/content?path=chunked.bin")
+    assert content.content == b"hello world"

@@ -178,7 +178,7 @@ def test_wrong_method_is_json_405(api_a, sandbox_a, debug):
     assert_clean_error(api_a.patch("/api/v1/sandboxes"), 405, "method_not_allowed")
 
 
-def test_unhandled_exception_in_an_api_view_is_a_json_500(api_a, sandbox_a, debug, monkeypatch):
+def test_unhandled_exception_in_an_api_view_is_a_json_500(key_a, sandbox_a, debug, monkeypatch):
     from sandboxes import services
 
     def explode(**kwargs: object) -> object:
@@ -186,7 +186,7 @@ def test_unhandled_exception_in_an_api_view_is_a_json_500(api_a, sandbox_a, debu
 
     monkeypatch.setattr(services, "sandbox_exec", explode)
     client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=api_a._credentials["HTTP_AUTHORIZATION"])
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key_a}")
     response = client.post(url(sandbox_a, "/commands"), {"command": "true"}, format="json")
     error = assert_clean_error(response, 500, "internal_error")
     assert "secret" not in response.content.decode()
@@ -194,6 +194,21 @@ def test_unhandled_exception_in_an_api_view_is_a_json_500(api_a, sandbox_a, debu
 
 
 # --- file paths --------------------------------------------------------------------------------
+
+
+def test_hostile_query_parameters_are_400(api_a, sandbox_a, debug):
+    api_a.put(
+        url(sandbox_a, "/files/content?path=f"), data=b"x", content_type="application/octet-stream"
+    )
+    for query in (
+        "path=f&offset=abc",
+        "path=f&offset=-1",
+        "path=f&offset=1e30",
+        f"path=f&offset={2**70}&length=1",
+        f"path=f&length={2**70}",
+        "path=f&recursive=maybe",
+    ):
+        assert_clean_error(api_a.get(url(sandbox_a, f"/files/content?{query}")), 400)
 
 
 def test_path_component_over_255_bytes_is_400(api_a, sandbox_a, debug):
@@ -310,3 +325,15 @@ def test_paths_swapped_or_removed_during_file_operations_never_500(api_a, sandbo
         stop.set()
         thread.join()
     assert statuses & {404, 409} and statuses & {200, 201, 204}, statuses
+
+
+def test_file_upload_with_an_idempotency_key(api_a, sandbox_a, debug):
+    for size in (10, 3 * 1024 * 1024):
+        response = api_a.put(
+            url(sandbox_a, f"/files/content?path=f{size}"),
+            data=b"z" * size,
+            content_type="application/octet-stream",
+            HTTP_IDEMPOTENCY_KEY=f"upload-{size}-{debug}",
+        )
+        assert response.status_code == 201, response.content[:300]
+        assert response.json()["size"] == size
