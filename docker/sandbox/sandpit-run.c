@@ -273,8 +273,17 @@ int main(int argc, char **argv) {
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     sigset_t defaults, empty;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
+    /* Every signal at its default in the command, not only the SIGPIPE ignored above:
+       whatever started the engine may have ignored SIGINT or SIGQUIT, which survives
+       exec. glibc leaves its two internal signals (32, 33) out of sigfillset and would
+       then start the command with them ignored, so they are added by hand. */
+    sigfillset(&defaults);
+#ifdef __GLIBC__
+    for (int sig = 32; sig <= 33; sig++) {
+        const size_t bits = 8 * sizeof defaults.__val[0];
+        defaults.__val[(sig - 1) / bits] |= 1UL << ((sig - 1) % bits);
+    }
+#endif
     sigemptyset(&empty);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     posix_spawnattr_setsigmask(&attr, &empty);

@@ -65,3 +65,25 @@ def test_nothing_is_ignored_or_blocked(report, path):
 
 def test_ctrl_c_interrupts_a_foreground_job(report):
     assert report["ctrl_c_worked"], report
+
+
+@pytest.mark.docker
+def test_docker_commands_start_with_every_signal_at_its_default(docker_provider):
+    """The runner in the image sets every signal to its default (glibc's internal ones
+    included) before exec, whatever the engine's own processes ignore."""
+    import uuid
+
+    from sandboxes.providers.base import ExecRequest, SandboxSpec
+
+    sandbox = docker_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    try:
+        for request in (
+            ExecRequest(command="grep", args=["^Sig", "/proc/self/status"]),
+            ExecRequest(command="grep ^Sig /proc/self/status", cwd="/tmp"),
+        ):
+            lines = docker_provider.exec(sandbox, request).stdout.decode().splitlines()
+            state = dict(line.split(":\t", 1) for line in lines if line.startswith("Sig"))
+            assert _signals(state["SigIgn"]) == set(), (request, state)
+            assert _signals(state["SigBlk"]) == set(), (request, state)
+    finally:
+        docker_provider.destroy(sandbox)
