@@ -183,13 +183,14 @@ async def _terminal_until(ws, pattern: bytes, seen: list[bytes]) -> None:  # typ
 def test_terminal_commands_without_enter_are_counted_per_started_minute(  # type: ignore[no-untyped-def]
     monkeypatch, api_a, key_a, local_sandboxes
 ):
-    import json
+    import asyncio
 
-    from asgiref.sync import async_to_sync
-    from channels.testing import HttpCommunicator, WebsocketCommunicator
+    from asgiref.sync import async_to_sync, sync_to_async
+    from channels.testing import WebsocketCommunicator
 
     from playground.asgi import application
     from sandboxes import consumers
+    from sandboxes.terminals import terminal_manager
 
     clock = [1000.0]
     monkeypatch.setattr(consumers, "meter_clock", lambda: clock[0], raising=False)
@@ -199,15 +200,14 @@ def test_terminal_commands_without_enter_are_counted_per_started_minute(  # type
     auth = (b"authorization", f"Bearer {key_a}".encode())
 
     async def session() -> None:
-        made = await HttpCommunicator(
-            application,
-            "POST",
-            f"/api/v1/sandboxes/{sandbox_id}/terminals",
-            body=b'{"shell": "/bin/bash"}',
-            headers=[auth, (b"content-type", b"application/json"), (b"host", b"localhost")],
-        ).get_response(timeout=20)
-        assert made["status"] == 201, made["body"]
-        ws = WebsocketCommunicator(application, json.loads(made["body"])["ws_path"], [auth])
+        # Terminals read their PTY on the server's loop: here, this one. The REST call runs
+        # on the test's thread (thread-sensitive), with the test's database connection.
+        terminal_manager.bind_loop(asyncio.get_running_loop())
+        made = await sync_to_async(api_a.post)(
+            f"/api/v1/sandboxes/{sandbox_id}/terminals", {"shell": "/bin/bash"}, format="json"
+        )
+        assert made.status_code == 201, made.content
+        ws = WebsocketCommunicator(application, made.json()["ws_path"], [auth])
         assert (await ws.connect())[0]
         seen: list[bytes] = []
         await _terminal_until(ws, b"$ ", seen)
