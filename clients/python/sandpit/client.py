@@ -1,0 +1,615 @@
+"""The synchronous client: `Sandpit` (the connection) and `Sandbox` (one sandbox)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, overload
+
+from . import _common as c
+from ._http import HttpClient, RetryPolicy
+from ._sync_realtime import CommandHandle, Terminal, Watcher, exec_handle, open_socket
+from .config import Config, resolve_config
+from .errors import NotFoundError
+from .models import (
+    CommandResult,
+    FileEntry,
+    FileEvent,
+    ProcessInfo,
+    ProviderInfo,
+    RunResult,
+    SandboxInfo,
+    SandboxStats,
+    SandboxToken,
+    TerminalInfo,
+)
+
+
+class Sandpit:
+    """A connection to a Sandpit server with an API key.
+
+    `url` and `api_key` default to SANDPIT_URL / SANDPIT_API_KEY, then `sandpit login`'s file.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        url: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.config: Config = resolve_config(url, api_key)
+        self.http = HttpClient(self.config, timeout_s=timeout_s, retry=retry)
+
+    # sandboxes ------------------------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        provider: str | None = None,
+        template: str | None = None,
+        timeout_s: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        network: bool | None = None,
+    ) -> Sandbox:
+        """A new running sandbox. `timeout_s` is its idle timeout (seconds)."""
+        body = c.create_body(
+            provider=provider,
+            template=template,
+            timeout_s=timeout_s,
+            env=env,
+            metadata=metadata,
+            resources=resources,
+            network=network,
+        )
+        data = self.http.request("POST", f"{c.API}/sandboxes", json=body).json()
+        return Sandbox(self, SandboxInfo.from_json(data))
+
+    def connect(self, sandbox_id: str) -> Sandbox:
+        """An existing sandbox of your organization (NotFoundError otherwise)."""
+        return Sandbox(self, self.sandbox_info(sandbox_id))
+
+    def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
+        return SandboxInfo.from_json(self.http.request("GET", c.sandbox_path(sandbox_id)).json())
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        include_destroyed: bool = False,
+    ) -> list[SandboxInfo]:
+        """Your organization's sandboxes, newest first (every page)."""
+        params: dict[str, Any] = {"limit": 100, "offset": 0}
+        if state:
+            params["state"] = state
+        if include_destroyed:
+            params["all"] = "true"
+        found: list[SandboxInfo] = []
+        while True:
+            page = self.http.request("GET", f"{c.API}/sandboxes", params=params).json()
+            results = page.get("results") or []
+            found.extend(SandboxInfo.from_json(item) for item in results)
+            if not page.get("next") or not results:
+                break
+            params["offset"] += len(results)
+        return [info for info in found if c.matches(info, metadata)]
+
+    # one-shot runs and providers ------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        code: str | None = None,
+        command: str | None = None,
+        language: str | None = None,
+        files: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        limits: Mapping[str, float] | None = None,
+        provider: str | None = None,
+    ) -> RunResult:
+        """The one-shot judge: an ephemeral sandbox runs `code` or `command` and is destroyed.
+        `limits`: timeout_s, memory_mb, pids."""
+        body: dict[str, Any] = {}
+        for key, value in (
+            ("code", code),
+            ("command", command),
+            ("language", language),
+            ("stdin", stdin),
+            ("provider", provider),
+        ):
+            if value is not None:
+                body[key] = value
+        if files:
+            body["files"] = dict(files)
+        if limits:
+            body["limits"] = dict(limits)
+        wait = float((limits or {}).get("timeout_s", 60)) + c.HTTP_MARGIN_S
+        data = self.http.request("POST", f"{c.API}/run", json=body, timeout_s=wait).json()
+        return RunResult.from_json(data)
+
+    def providers(self) -> list[ProviderInfo]:
+        return c.providers_from(self.http.request("GET", f"{c.API}/providers").json())
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Sandpit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Sandbox:
+    """One sandbox. `with Sandbox.create() as sbx:` destroys it on exit."""
+
+    def __init__(self, client: Sandpit, info: SandboxInfo, *, owns_client: bool = False) -> None:
+        self.client = client
+        self.id = info.id
+        self._info = info
+        self._owns_client = owns_client
+        self.commands = Commands(self)
+        self.files = Files(self)
+        self.processes = Processes(self)
+        self.terminals = Terminals(self)
+
+    # construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        provider: str | None = None,
+        template: str | None = None,
+        timeout_s: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        resources: Mapping[str, Any] | None = None,
+        network: bool | None = None,
+        api_key: str | None = None,
+        url: str | None = None,
+        client: Sandpit | None = None,
+    ) -> Sandbox:
+        owner = client is None
+        client = client or Sandpit(api_key, url)
+        try:
+            sandbox = client.create(
+                provider=provider,
+                template=template,
+                timeout_s=timeout_s,
+                env=env,
+                metadata=metadata,
+                resources=resources,
+                network=network,
+            )
+        except BaseException:
+            if owner:
+                client.close()
+            raise
+        sandbox._owns_client = owner
+        return sandbox
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_key: str | None = None,
+        url: str | None = None,
+        client: Sandpit | None = None,
+    ) -> Sandbox:
+        owner = client is None
+        client = client or Sandpit(api_key, url)
+        try:
+            sandbox = client.connect(sandbox_id)
+        except BaseException:
+            if owner:
+                client.close()
+            raise
+        sandbox._owns_client = owner
+        return sandbox
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        state: str | None = None,
+        api_key: str | None = None,
+        url: str | None = None,
+        client: Sandpit | None = None,
+    ) -> list[SandboxInfo]:
+        if client is not None:
+            return client.list(metadata=metadata, state=state)
+        with Sandpit(api_key, url) as own:
+            return own.list(metadata=metadata, state=state)
+
+    # lifecycle --------------------------------------------------------------------------------
+
+    def path(self, tail: str = "") -> str:
+        return c.sandbox_path(self.id, tail)
+
+    def info(self) -> SandboxInfo:
+        self._info = self.client.sandbox_info(self.id)
+        return self._info
+
+    def is_running(self) -> bool:
+        return self.info().state == "running"
+
+    def kill(self) -> bool:
+        """Destroy the sandbox. False when it was already destroyed or is not found."""
+        try:
+            if self.client.sandbox_info(self.id).state == "destroyed":
+                return False
+            data = self.client.http.request("DELETE", self.path()).json()
+        except NotFoundError:
+            return False
+        self._info = SandboxInfo.from_json(data)
+        return True
+
+    def set_timeout(self, timeout_s: int) -> SandboxInfo:
+        """Set the idle timeout (seconds, 10 .. 7 days); counts as activity."""
+        data = self.client.http.request(
+            "POST", self.path("/timeout"), json={"timeout_s": timeout_s}
+        )
+        self._info = SandboxInfo.from_json(data.json())
+        return self._info
+
+    def stats(self) -> SandboxStats:
+        return SandboxStats.from_json(self.client.http.request("GET", self.path("/stats")).json())
+
+    def create_token(self, scopes: list[str], *, ttl_s: int = 900) -> SandboxToken:
+        """A short-lived token for this sandbox only (scopes: terminal, files, exec, ports)."""
+        data = self.client.http.request(
+            "POST", self.path("/tokens"), json={"scopes": scopes, "ttl_s": ttl_s}
+        ).json()
+        return c.token_from(data)
+
+    def get_url(self, port: int, *, ttl_s: int = 900) -> str:
+        """A preview URL for a server listening on `port`, carrying a token (scope `ports`)
+        valid for `ttl_s` seconds: open it in a browser or fetch it without other credentials."""
+        token = self.create_token(["ports"], ttl_s=ttl_s)
+        return c.preview_url(self.client.config.url, self.id, port, token.token)
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        on_stdout: c.OutputCallback | None = None,
+        on_stderr: c.OutputCallback | None = None,
+    ) -> CommandResult:
+        """Run a snippet (python, node, bash; detected when `language` is None)."""
+        if on_stdout or on_stderr:
+            message = c.run_message(code=code, language=language, timeout_s=timeout_s)
+            return self.commands._stream(message, stdin, on_stdout, on_stderr, False).wait()
+        body: dict[str, Any] = {"code": code}
+        if language:
+            body["language"] = language
+        if stdin is not None:
+            body["stdin"] = stdin
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
+        data = self.client.http.request("POST", self.path("/code"), json=body, timeout_s=wait)
+        return CommandResult.from_json(data.json())
+
+    def close(self) -> None:
+        """Release the connection this sandbox opened (the sandbox keeps running)."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.kill()
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self._info.state} on {self._info.provider}>"
+
+
+class Commands:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @overload
+    def run(
+        self,
+        cmd: str,
+        args: list[str] | None = ...,
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: str | None = ...,
+        timeout_s: float | None = ...,
+        background: Literal[False] = ...,
+        on_stdout: c.OutputCallback | None = ...,
+        on_stderr: c.OutputCallback | None = ...,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str,
+        args: list[str] | None = ...,
+        *,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        stdin: str | None = ...,
+        timeout_s: float | None = ...,
+        background: Literal[True],
+        on_stdout: c.OutputCallback | None = ...,
+        on_stderr: c.OutputCallback | None = ...,
+    ) -> CommandHandle: ...
+
+    def run(
+        self,
+        cmd: str,
+        args: list[str] | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        background: bool = False,
+        on_stdout: c.OutputCallback | None = None,
+        on_stderr: c.OutputCallback | None = None,
+    ) -> CommandResult | CommandHandle:
+        """Run `cmd` (under `sh -c`, or directly with `args`) and return its result.
+
+        With `on_stdout`/`on_stderr` the output streams over the exec socket as it comes;
+        with `background=True` a `CommandHandle` returns at once (`wait()`, `kill()`,
+        `send_stdin()`); stdin stays open until `close_stdin()` unless `stdin` was given.
+        A background command lives as long as its handle's socket: it is killed when this
+        process exits (use `sandbox.processes.start()` for one that outlives it).
+        """
+        if background or on_stdout or on_stderr:
+            message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
+            handle = self._stream(message, stdin, on_stdout, on_stderr, background)
+            return handle if background else handle.wait()
+        body = c.command_body(cmd, args, cwd, env, stdin, timeout_s)
+        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
+        response = self._sandbox.client.http.request(
+            "POST", self._sandbox.path("/commands"), json=body, timeout_s=wait
+        )
+        return CommandResult.from_json(response.json())
+
+    def _stream(
+        self,
+        message: dict[str, Any],
+        stdin: str | None,
+        on_stdout: c.OutputCallback | None,
+        on_stderr: c.OutputCallback | None,
+        keep_stdin_open: bool,
+    ) -> CommandHandle:
+        client = self._sandbox.client
+        return exec_handle(
+            client.http.ws_base,
+            f"/ws/sandboxes/{self._sandbox.id}/exec",
+            client.config.api_key,
+            message,
+            stdin=stdin,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            keep_stdin_open=keep_stdin_open and stdin is None,
+        )
+
+
+class Files:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def _request(self, method: str, tail: str, **kwargs: Any) -> Any:
+        return self._sandbox.client.http.request(method, self._sandbox.path(tail), **kwargs)
+
+    @overload
+    def read(self, path: str, format: Literal["bytes"] = ...) -> bytes: ...
+    @overload
+    def read(self, path: str, format: Literal["text"]) -> str: ...
+    @overload
+    def read(self, path: str, format: Literal["stream"]) -> Iterator[bytes]: ...
+
+    def read(self, path: str, format: str = "bytes") -> bytes | str | Iterator[bytes]:  # noqa: A002
+        """The file's content as bytes, UTF-8 text, or an iterator of chunks (for big files)."""
+        if format == "stream":
+            response = self._request("GET", "/files/content", params={"path": path}, stream=True)
+
+            def chunks() -> Iterator[bytes]:
+                try:
+                    yield from response.iter_bytes(c.CHUNK_BYTES)
+                finally:
+                    response.close()
+
+            return chunks()
+        data = self._request("GET", "/files/content", params={"path": path}).content
+        if format == "text":
+            return str(data.decode())
+        if format != "bytes":
+            raise ValueError("format is 'bytes', 'text' or 'stream'")
+        return bytes(data)
+
+    def write(
+        self,
+        path: str,
+        data: bytes | str | Any,
+        *,
+        on_progress: c.ProgressCallback | None = None,
+    ) -> FileEntry:
+        """Create or replace a file (parents are created) from bytes, text or a binary file
+        object, streamed; `on_progress(done_bytes, total_bytes)` is called as it goes."""
+        body, total = c.file_chunks(data, on_progress)
+        headers = {"Content-Type": "application/octet-stream"}
+        if total is not None and not isinstance(body, bytes):
+            headers["Content-Length"] = str(total)
+        response = self._request(
+            "PUT", "/files/content", params={"path": path}, content=body, headers=headers
+        )
+        return FileEntry.from_json(response.json())
+
+    def list(self, path: str = ".", *, recursive: bool = False) -> list[FileEntry]:
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        data = self._request("GET", "/files", params=params).json()
+        return [FileEntry.from_json(e) for e in data.get("entries") or []]
+
+    def stat(self, path: str) -> FileEntry:
+        return FileEntry.from_json(
+            self._request("GET", "/files/stat", params={"path": path}).json()
+        )
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except NotFoundError as exc:
+            if exc.code == "sandbox_not_found":
+                raise
+            return False
+        return True
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        self._request("DELETE", "/files", params=params)
+
+    def rename(self, src: str, dst: str) -> FileEntry:
+        data = self._request("POST", "/files/move", json={"from": src, "to": dst}).json()
+        return FileEntry.from_json(data)
+
+    def make_dir(self, path: str) -> FileEntry:
+        return FileEntry.from_json(
+            self._request("POST", "/files/mkdir", json={"path": path}).json()
+        )
+
+    def watch(
+        self,
+        path: str = ".",
+        *,
+        on_event: Callable[[FileEvent], Any],
+        recursive: bool = True,
+        ignore: list[str] | None = None,
+        debounce_ms: int = 100,
+    ) -> Watcher:
+        """Call `on_event` for each change under `path` until `stop()` (feature `watch`)."""
+        client = self._sandbox.client
+        ws = open_socket(
+            client.http.ws_base, f"/ws/sandboxes/{self._sandbox.id}/events", client.config.api_key
+        )
+        return Watcher(
+            ws,
+            path=path,
+            recursive=recursive,
+            on_event=on_event,
+            ignore=ignore,
+            debounce_ms=debounce_ms,
+        )
+
+
+class Processes:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def list(self) -> list[ProcessInfo]:
+        data = self._sandbox.client.http.request("GET", self._sandbox.path("/processes")).json()
+        return [ProcessInfo.from_json(p) for p in data.get("results") or []]
+
+    def start(
+        self,
+        cmd: str,
+        args: list[str] | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ProcessInfo:
+        """A detached process (a server, a long job) that outlives this client."""
+        body = c.command_body(cmd, args, cwd, env, None, None)
+        data = self._sandbox.client.http.request(
+            "POST", self._sandbox.path("/processes"), json=body
+        )
+        return ProcessInfo.from_json(data.json())
+
+    def signal(self, pid: int, signal: str = "SIGTERM") -> None:
+        self._sandbox.client.http.request(
+            "POST", self._sandbox.path(f"/processes/{int(pid)}/signal"), json={"signal": signal}
+        )
+
+    def kill(self, pid: int) -> bool:
+        """SIGKILL. False when there is no such process (already gone)."""
+        try:
+            self.signal(pid, "SIGKILL")
+        except NotFoundError as exc:
+            if exc.code == "sandbox_not_found":
+                raise
+            return False
+        return True
+
+
+class Terminals:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def create(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_data: Callable[[bytes], Any] | None = None,
+    ) -> Terminal:
+        """A new shell on a PTY, attached (feature `terminal`)."""
+        body: dict[str, Any] = {"cols": cols, "rows": rows}
+        if shell:
+            body["shell"] = shell
+        if cwd:
+            body["cwd"] = cwd
+        if env:
+            body["env"] = dict(env)
+        data = self._sandbox.client.http.request(
+            "POST", self._sandbox.path("/terminals"), json=body
+        )
+        return self.attach(TerminalInfo.from_json(data.json()).id, on_data=on_data)
+
+    def attach(
+        self, terminal_id: str, *, on_data: Callable[[bytes], Any] | None = None
+    ) -> Terminal:
+        """Join an existing terminal (the recent scrollback arrives first)."""
+        client = self._sandbox.client
+        ws = open_socket(
+            client.http.ws_base,
+            f"/ws/sandboxes/{self._sandbox.id}/terminals/{terminal_id}",
+            client.config.api_key,
+        )
+        return Terminal(
+            ws, terminal_id=terminal_id, on_data=on_data, on_kill=lambda: self.kill(terminal_id)
+        )
+
+    def list(self) -> list[TerminalInfo]:
+        data = self._sandbox.client.http.request("GET", self._sandbox.path("/terminals")).json()
+        return [TerminalInfo.from_json(t) for t in data.get("results") or []]
+
+    def resize(self, terminal_id: str, cols: int, rows: int) -> None:
+        self._sandbox.client.http.request(
+            "POST",
+            self._sandbox.path(f"/terminals/{terminal_id}/resize"),
+            json={"cols": cols, "rows": rows},
+        )
+
+    def kill(self, terminal_id: str) -> bool:
+        """End the shell and its processes. False when it was already gone."""
+        try:
+            self._sandbox.client.http.request(
+                "DELETE", self._sandbox.path(f"/terminals/{terminal_id}")
+            )
+        except NotFoundError as exc:
+            if exc.code == "sandbox_not_found":
+                raise
+            return False
+        return True

@@ -1,0 +1,261 @@
+"""What the API returns, as frozen dataclasses with units in their names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the server records it."""
+
+    id: str
+    state: str
+    """'creating', 'running', 'stopped', 'error' or 'destroyed'."""
+    provider: str
+    template: str
+    timeout_s: int
+    """Idle timeout: destroyed after this many seconds without activity."""
+    network: bool
+    resources: dict[str, Any] = field(default_factory=dict)
+    """memory_mb, cpu_count, pids, disk_mb."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    destroyed_at: datetime | None = None
+    last_activity_at: datetime | None = None
+    expires_at: datetime | None = None
+    """The maximum lifetime's end: destroyed then regardless of activity."""
+    error_message: str | None = None
+    destroy_reason: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
+        return cls(
+            id=data["id"],
+            state=data["state"],
+            provider=data.get("provider", ""),
+            template=data.get("template", ""),
+            timeout_s=int(data.get("timeout_s") or 0),
+            network=bool(data.get("network")),
+            resources=dict(data.get("resources") or {}),
+            metadata=dict(data.get("metadata") or {}),
+            created_at=_time(data.get("created_at")),
+            started_at=_time(data.get("started_at")),
+            destroyed_at=_time(data.get("destroyed_at")),
+            last_activity_at=_time(data.get("last_activity_at")),
+            expires_at=_time(data.get("expires_at")),
+            error_message=data.get("error_message") or None,
+            destroy_reason=data.get("destroy_reason") or None,
+        )
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    """Resource gauges of a running sandbox."""
+
+    cpu_percent: float
+    memory_bytes: int
+    disk_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    uptime_s: float
+    process_count: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxStats:
+        return cls(
+            cpu_percent=float(data.get("cpu_percent", 0)),
+            memory_bytes=int(data.get("memory_bytes", 0)),
+            disk_bytes=int(data.get("disk_bytes", 0)),
+            net_rx_bytes=int(data.get("net_rx_bytes", 0)),
+            net_tx_bytes=int(data.get("net_tx_bytes", 0)),
+            uptime_s=float(data.get("uptime_s", 0)),
+            process_count=int(data.get("process_count", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A finished command or code run."""
+
+    stdout: str
+    """UTF-8 decoded; invalid bytes become U+FFFD (the server's output is text)."""
+    stderr: str
+    exit_code: int
+    """Negative N: killed by signal N (-9 after a timeout or a kill)."""
+    duration_ms: float
+    """Wall time, measured by the server."""
+    timed_out: bool = False
+    truncated: bool = False
+    """Output beyond the server's per-stream limit was dropped."""
+    cancelled: bool = False
+    """Killed through the SDK (handle.kill())."""
+    language: str | None = None
+    """For run_code: the language it ran as."""
+    pid: int | None = None
+    """For streamed runs: the process id inside the sandbox."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CommandResult:
+        return cls(
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            exit_code=int(data.get("exit_code", -1)),
+            duration_ms=float(data.get("duration_ms", 0)),
+            timed_out=bool(data.get("timed_out")),
+            truncated=bool(data.get("truncated")),
+            language=data.get("language"),
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A one-shot judge run (POST /api/v1/run)."""
+
+    verdict: str
+    """'ok', 'runtime_error', 'timeout', 'memory_limit' or 'output_limit'."""
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_ms: float
+    language: str | None = None
+    cpu_time_ms: float | None = None
+    peak_memory_bytes: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        return cls(
+            verdict=data["verdict"],
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            exit_code=int(data.get("exit_code", -1)),
+            duration_ms=float(data.get("duration_ms", 0)),
+            language=data.get("language"),
+            cpu_time_ms=data.get("cpu_time_ms"),
+            peak_memory_bytes=data.get("peak_memory_bytes"),
+            timed_out=bool(data.get("timed_out")),
+            truncated=bool(data.get("truncated")),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file, directory or symlink in the sandbox."""
+
+    name: str
+    path: str
+    """Relative to the workspace, '/'-separated."""
+    type: str
+    """'file', 'dir' or 'symlink'."""
+    size_bytes: int
+    mtime: datetime | None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FileEntry:
+        mtime = data.get("mtime")
+        return cls(
+            name=data["name"],
+            path=data["path"],
+            type=data["type"],
+            size_bytes=int(data.get("size") or 0),
+            mtime=datetime.fromtimestamp(float(mtime)).astimezone() if mtime else None,
+        )
+
+
+@dataclass(frozen=True)
+class FileEvent:
+    """A change seen by a watcher."""
+
+    type: str
+    """'created', 'modified', 'deleted' or 'moved'."""
+    path: str
+    """Relative to the workspace."""
+    is_dir: bool = False
+    old_path: str | None = None
+    """For 'moved'."""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process started with the processes API."""
+
+    pid: int
+    command: str
+    running: bool
+    exit_code: int | None = None
+    started_at: datetime | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessInfo:
+        started = data.get("started_at")
+        return cls(
+            pid=int(data["pid"]),
+            command=str(data.get("command", "")),
+            running=bool(data.get("running")),
+            exit_code=data.get("exit_code"),
+            started_at=datetime.fromtimestamp(float(started)).astimezone() if started else None,
+        )
+
+
+@dataclass(frozen=True)
+class TerminalInfo:
+    """A terminal (a shell on a PTY) in the sandbox."""
+
+    id: str
+    sandbox_id: str
+    ws_path: str
+    cols: int
+    rows: int
+    shell: str | None
+    running: bool
+    exit_code: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TerminalInfo:
+        return cls(
+            id=data["id"],
+            sandbox_id=data["sandbox_id"],
+            ws_path=data["ws_path"],
+            cols=int(data.get("cols", 80)),
+            rows=int(data.get("rows", 24)),
+            shell=data.get("shell"),
+            running=bool(data.get("running")),
+            exit_code=data.get("exit_code"),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxToken:
+    """A short-lived token for one sandbox."""
+
+    token: str
+    scopes: tuple[str, ...]
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    name: str
+    default: bool
+    capabilities: tuple[str, ...]
+    healthy: bool
+    limits: dict[str, Any] = field(default_factory=dict)
