@@ -6,11 +6,14 @@ import os
 
 from celery import Celery
 
+from playground.logging import install_routine_task_filter
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
 
 app = Celery("sandpit")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+install_routine_task_filter()
 
 
 def _interval(name: str, default: float) -> float:

@@ -143,6 +143,9 @@ TEMPLATES = [
     },
 ]
 
+# Local state in the embedded mode: SQLite, the filesystem broker, local sandboxes, beat schedule.
+VAR_DIR = Path(env_str("SANDPIT_VAR_DIR", str(BASE_DIR / "var")))
+
 # --- Database -----------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
@@ -162,7 +165,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env_str("SANDPIT_SQLITE_PATH", str(BASE_DIR / "var" / "db.sqlite3")),
+            "NAME": env_str("SANDPIT_SQLITE_PATH", str(VAR_DIR / "db.sqlite3")),
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     }
@@ -170,7 +173,6 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, Celery broker, cache ---------------------------------
 REDIS_URL = env_str("REDIS_URL")
-VAR_DIR = Path(env_str("SANDPIT_VAR_DIR", str(BASE_DIR / "var")))
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -228,7 +230,21 @@ AUTH_PASSWORD_VALIDATORS = [
 PASSWORD_HASHERS = env_list("SANDPIT_PASSWORD_HASHERS") or [
     "django.contrib.auth.hashers.PBKDF2PasswordHasher",
 ]
-EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Mail (signup links, password resets, invitations): printed on the console in development,
+# sent through the SMTP server below in production.
+EMAIL_BACKEND = env_str(
+    "DJANGO_EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if PRODUCTION
+    else "django.core.mail.backends.console.EmailBackend",
+)
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("DJANGO_EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("DJANGO_EMAIL_TIMEOUT_S", 10)
 DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "sandpit@localhost")
 INVITATION_TTL_HOURS = env_int("SANDPIT_INVITATION_TTL_HOURS", 72)
 
@@ -307,6 +323,12 @@ SANDPIT_MAX_COMMAND_TIMEOUT_S = env_int("SANDPIT_MAX_COMMAND_TIMEOUT_S", 300)
 SANDPIT_IDLE_TIMEOUT_S = env_int("SANDPIT_IDLE_TIMEOUT_S", 15 * 60)
 SANDPIT_MAX_LIFETIME_S = env_int("SANDPIT_MAX_LIFETIME_S", 24 * 3600)
 E2B_API_KEY = env_str("E2B_API_KEY")
+
+# --- `make run` (scripts/run.sh reads the same two for the server it starts) ------------------
+SANDPIT_BIND = env_str("SANDPIT_BIND", "127.0.0.1")
+SANDPIT_PORT = env_int("SANDPIT_PORT", 8000)
+SANDPIT_DEMO_EMAIL = env_str("SANDPIT_DEMO_EMAIL", "demo@sandpit.local")
+SANDPIT_DEMO_PASSWORD = env_str("SANDPIT_DEMO_PASSWORD", "sandpit-demo")
 
 # --- Billing ----------------------------------------------------------------------------
 SANDPIT_FREE_MONTHLY_EXECUTIONS = env_int("SANDPIT_FREE_MONTHLY_EXECUTIONS", 1000)

@@ -22,5 +22,7 @@ pids+=($!)
 # playground.webserver is daphne with a ceiling on request bodies.
 .venv/bin/python -m playground.webserver -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
 pids+=($!)
-echo "==> Sandpit is starting on http://${SANDPIT_BIND:-127.0.0.1}:${SANDPIT_PORT:-8000}/ (Ctrl-C stops everything)"
+url_host=${SANDPIT_BIND:-127.0.0.1}
+[ "$url_host" = 0.0.0.0 ] && url_host=127.0.0.1
+echo "==> Sandpit is starting on http://$url_host:${SANDPIT_PORT:-8000}/ (Ctrl-C stops everything)"
 wait -n "${pids[@]}"
