@@ -36,9 +36,11 @@ extras=""
 [ $want_dev = 1 ] && extras="[dev,cloud]"
 installed_extras=$(cat "$stamp" 2>/dev/null || echo none)
 # An install with the dev extras also serves a plain run.
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ "$installed_extras" != "$extras" ] && [ "$installed_extras" != "[dev,cloud]" ]; }; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ clients/python/pyproject.toml -nt "$stamp" ] || { [ "$installed_extras" != "$extras" ] && [ "$installed_extras" != "[dev,cloud]" ]; }; then
   echo "==> installing Python dependencies$extras"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e ".$extras"
+  # The Python SDK and `sandpit` CLI (clients/python), editable: tests/sdk drives them.
+  [ $want_dev = 1 ] && .venv/bin/pip install -q -e ./clients/python
   echo "$extras" > "$stamp"
 fi
