@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -161,6 +163,77 @@ def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
     than handler404 alone, because under DEBUG Django answers a miss with its HTML page
     listing every URL pattern and never calls handler404."""
     return json_error_response("not_found", "No such endpoint or object.", 404)
+
+
+_STATUS_CODES = {
+    400: "malformed_request",
+    401: "not_authenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+    500: "internal_error",
+}
+
+
+class ApiErrorShapeMiddleware:
+    """Outermost: every /api/ answer of 400 or more leaves in the one shape.
+
+    Django refuses some requests before any view runs (an unknown Host header, a failed
+    CSRF check, a body too large outside DRF) and, under DEBUG, renders those refusals as
+    its technical pages with settings and tracebacks (text/html or text/plain); here they
+    become the JSON error of the same status. A NUL byte in an /api/ URL is refused first, as PostgreSQL cannot
+    compare strings holding one (every id lookup would fail with a 500).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: Any) -> Any:
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        return _refused(request) or _in_shape(request, self.get_response(request))
+
+    async def __acall__(self, request: Any) -> Any:
+        return _refused(request) or _in_shape(request, await self.get_response(request))
+
+
+def _refused(request: Any) -> JsonResponse | None:
+    if _is_api(request) and (
+        "\x00" in request.path or "%00" in request.META.get("QUERY_STRING", "")
+    ):
+        return json_error_response("malformed_request", "URLs must not contain NUL bytes.", 400)
+    return None
+
+
+def _in_shape(request: Any, response: Any) -> Any:
+    if response.status_code < 400 or not _is_api(request):
+        return response
+    if not response.get("Content-Type", "").startswith("text/"):
+        # JSON already, or a DRF error rendered for another format (the YAML schema).
+        return response
+    status = response.status_code
+    data = getattr(response, "data", None)
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        # A DRF view rendered our error as HTML (the API docs page): keep its code.
+        shaped = JsonResponse(data, status=status)
+    else:
+        try:
+            message = HTTPStatus(status).phrase + "."
+        except ValueError:
+            message = "The request failed."
+        shaped = json_error_response(_STATUS_CODES.get(status, "error"), message, status)
+    for header, value in response.items():
+        if header.lower() not in ("content-type", "content-length"):
+            shaped[header] = value
+    return shaped
 
 
 def handler404(request: Any, exception: Exception | None = None) -> Any:

@@ -108,6 +108,8 @@ class _MiddlewareList(list):
 
 MIDDLEWARE = _MiddlewareList(
     [
+        # Outermost, so even Django's own refusals under /api/ leave as JSON.
+        "playground.errors.ApiErrorShapeMiddleware",
         # Django's own middleware, subclassed to run inline under ASGI (see playground/middleware.py).
         "playground.metrics.LatencyMiddleware",
         "playground.middleware.SecurityMiddleware",

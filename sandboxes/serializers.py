@@ -107,7 +107,26 @@ class SandboxCreateInput(serializers.Serializer):
             raise serializers.ValidationError("metadata must be an object.")
         if len(str(value)) > 16384:
             raise serializers.ValidationError("metadata is limited to 16 KB.")
+        if _holds_nul(value):
+            # PostgreSQL's jsonb cannot store \u0000: refused here rather than a 500 there.
+            raise serializers.ValidationError("metadata must not contain NUL characters.")
         return value
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether any string (key or value) in a parsed JSON value contains NUL; iterative."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class SandboxOutput(serializers.ModelSerializer):

@@ -337,3 +337,28 @@ def test_file_upload_with_an_idempotency_key(api_a, sandbox_a, debug):
         )
         assert response.status_code == 201, response.content[:300]
         assert response.json()["size"] == size
+
+
+def test_refusals_before_any_view_are_json(api_a, sandbox_a, debug):
+    """Django refuses an unknown Host before routing; under DEBUG as a technical page."""
+    assert_clean_error(api_a.get("/api/v1/sandboxes", HTTP_HOST="evil.example"), 400)
+    assert_clean_error(
+        api_a.post(url(sandbox_a, "/commands"), {"command": "id"}, HTTP_HOST="evil.example"), 400
+    )
+
+
+def test_nul_bytes_anywhere_are_400(api_a, sandbox_a, debug):
+    for path in (
+        "/api/v1/sandboxes/%00",
+        f"/api/v1/sandboxes/{sandbox_a['id']}%00/stats",
+        "/api/v1/sandboxes?state=%00",
+        "/api/v1/invoices?status=a%00b",
+    ):
+        assert_clean_error(api_a.get(path), 400, "malformed_request")
+    for body in (
+        {"metadata": {"a": "\x00"}},
+        {"metadata": {"\x00": 1}},
+        {"template": "a\x00"},
+    ):
+        response = api_a.post("/api/v1/sandboxes", body, format="json")
+        assert_clean_error(response, 400, "validation_error")
