@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from . import services
 from .apis import MeteredApi, _validated
 from .providers.base import Capability
-from .serializers import EnvField, PathField
+from .serializers import EnvField, PathField, StrictCharField, StrictIntegerField
 from .terminals import (
     Terminal,
     terminal_create,
@@ -30,9 +30,9 @@ SHELLS = ("/bin/bash", "/bin/sh", "bash", "sh", "/usr/bin/python3", "python3")
 
 
 class TerminalCreateInput(serializers.Serializer):
-    cols = serializers.IntegerField(min_value=2, max_value=1000, required=False, default=80)
-    rows = serializers.IntegerField(min_value=1, max_value=500, required=False, default=24)
-    shell = serializers.CharField(max_length=200, required=False, allow_null=True)
+    cols = StrictIntegerField(min_value=2, max_value=1000, required=False, default=80)
+    rows = StrictIntegerField(min_value=1, max_value=500, required=False, default=24)
+    shell = StrictCharField(max_length=200, required=False, allow_null=True)
     cwd = PathField(required=False, allow_null=True)
     env = EnvField()
 
@@ -43,8 +43,8 @@ class TerminalCreateInput(serializers.Serializer):
 
 
 class TerminalResizeInput(serializers.Serializer):
-    cols = serializers.IntegerField(min_value=2, max_value=1000)
-    rows = serializers.IntegerField(min_value=1, max_value=500)
+    cols = StrictIntegerField(min_value=2, max_value=1000)
+    rows = StrictIntegerField(min_value=1, max_value=500)
 
 
 def ws_url(request: Any, path: str) -> str:

@@ -112,6 +112,8 @@ def test_malformed_json_is_400(api_a, sandbox_a, debug):
         ("/processes/1/signal", {"signal": 9}, "signal"),
         ("/timeout", {"timeout_s": "600"}, "timeout_s"),
         ("/tokens", {"scopes": ["exec"], "ttl_s": "60"}, "ttl_s"),
+        ("/terminals", {"cols": "80"}, "cols"),
+        ("/terminals", {"shell": ["/bin/sh"]}, "shell"),
     ],
 )
 def test_wrong_json_types_are_refused_not_coerced(api_a, sandbox_a, suffix, body, field):
