@@ -82,3 +82,15 @@ def test_missing_key_is_a_clear_error(monkeypatch, tmp_path):  # type: ignore[no
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     with pytest.raises(AuthError, match="SANDPIT_API_KEY"):
         Sandpit()
+
+
+def test_readme_quickstart_runs(sdk_env, capsys):  # type: ignore[no-untyped-def]
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"\*\*The same with the Python SDK\*\*.*?```python\n(.*?)```", readme, re.S)
+    assert block, "the README's SDK quickstart is missing"
+    exec(compile(block.group(1), "README.md", "exec"), {})  # noqa: S102 - our own README
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["hello from Linux", "", 'print("hi")', "hi", "42", ""]
