@@ -1,10 +1,11 @@
-"""Sandbox REST API: thin views over sandboxes.services, every operation metered once."""
+"""Sandbox REST API: thin views over sandboxes.services (which meter every operation once).
+
+A view parses, resolves tenancy (selectors), settles an Idempotency-Key (a replay is
+answered here and never reaches a service), calls one service with the Caller, renders."""
 
 from __future__ import annotations
 
 import hashlib
-import signal
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,22 +20,13 @@ from rest_framework.views import APIView
 
 from accounts.authentication import Principal
 from accounts.permissions import principal_of
-from accounts.tokens import sandbox_token_encode
-from billing.idempotency import (
-    StoredResponse,
-    idempotency_abort,
-    idempotency_begin,
-    idempotency_complete,
-    idempotency_event_id,
-)
-from billing.metering import metering_authorize, metering_record
-from playground.errors import ApplicationError, Forbidden, PayloadTooLarge, PaymentRequired
+from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
+from playground.pagination import CursorlessPagination
 
 from . import serializers as s
 from . import services
+from .caller import Caller, StoredResponse, request_begin, request_finish
 from .models import Sandbox
-from .providers import configured_provider_names, get_provider, resolve_provider_name
-from .providers.base import ProviderError
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -69,11 +61,11 @@ def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dic
     return dict(serializer.validated_data)
 
 
-class MeteredApi(APIView):
-    """Base of every metered sandbox endpoint.
+class SandboxApi(APIView):
+    """Base of the sandbox endpoints.
 
-    Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay →
-    billing authorization (402) → the operation → count one execution on success.
+    Order: validate → tenancy (404) → token scope (403) → Idempotency-Key replay → the
+    service (billing authorization 402, the operation, one usage record on success).
 
     Sandbox tokens reach only the methods a view lists in `sandbox_token_methods`, with the
     view's `required_scope` (accounts.authentication.SandboxTokenAuthentication refuses the
@@ -92,67 +84,33 @@ class MeteredApi(APIView):
             )
         return sandbox
 
-    def metered(
-        self,
-        request: Any,
-        *,
-        feature: str,
-        operation: str,
-        run: Callable[[], HttpResponse],
-        teardown: bool = False,
-    ) -> HttpResponse:
-        """`teardown`: destroying or stopping, which billing never refuses (an organization
-        past its allowance or cap must be able to stop what runs); it is counted only while
-        billing would have allowed it, so it never takes a total past the allowance or cap."""
+    def operate(self, request: Any, run: Callable[[Caller], HttpResponse]) -> HttpResponse:
+        """Run `run(caller)` once per Idempotency-Key: a retry of a finished request gets
+        the stored response (Idempotent-Replayed: true) and runs and counts nothing."""
         principal: Principal = principal_of(request)
-        org = principal.organization
         key = request.headers.get("Idempotency-Key")
-        if key is not None:
-            if not key or len(key) > MAX_IDEMPOTENCY_KEY:
-                raise ApplicationError(
-                    f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
-                    code="validation_error",
-                )
-            stored = idempotency_begin(
-                organization_id=org.pk, key=key, fingerprint=_fingerprint(request)
+        if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
+            raise ApplicationError(
+                f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
+                code="validation_error",
             )
-            if stored is not None:
-                replay = HttpResponse(
-                    stored.body, status=stored.status_code, content_type=stored.content_type
-                )
-                replay["Idempotent-Replayed"] = "true"
-                return replay
-        counted = True
-        try:
-            try:
-                metering_authorize(organization=org, feature=feature)
-            except PaymentRequired:
-                if not teardown:
-                    raise
-                counted = False
-            response = run()
-        except BaseException:
-            if key is not None:
-                idempotency_abort(organization_id=org.pk, key=key)
-            raise
-        if response.status_code >= 400:
-            if key is not None:
-                idempotency_abort(organization_id=org.pk, key=key)
-            return response
-        event_id = (
-            idempotency_event_id(organization_id=org.pk, key=key)
-            if key is not None
-            else uuid.uuid4().hex
+        begun = request_begin(
+            principal, key=key, fingerprint=_fingerprint(request) if key is not None else ""
         )
-        if counted:
-            metering_record(
-                organization_id=org.pk,
-                api_key_id=principal.api_key.pk if principal.api_key else None,
-                operation=operation,
-                event_id=event_id,
+        if isinstance(begun, StoredResponse):
+            replay = HttpResponse(
+                begun.body, status=begun.status_code, content_type=begun.content_type
             )
-        if key is not None:
-            idempotency_complete(organization_id=org.pk, key=key, response=_stored(response))
+            replay["Idempotent-Replayed"] = "true"
+            return replay
+        try:
+            response = run(begun)
+        except BaseException:
+            request_finish(principal, key=key, response=None)
+            raise
+        request_finish(
+            principal, key=key, response=None if response.status_code >= 400 else _stored(response)
+        )
         return response
 
 
@@ -191,7 +149,7 @@ def _no_tokens(principal: Principal) -> None:
 # --- lifecycle -----------------------------------------------------------------------------
 
 
-class SandboxListApi(MeteredApi):
+class SandboxListApi(SandboxApi):
     @extend_schema(
         responses=s.SandboxOutput(many=True),
         parameters=[OpenApiParameter("state", str), OpenApiParameter("all", bool)],
@@ -211,8 +169,6 @@ class SandboxListApi(MeteredApi):
     @property
     def paginator(self):  # type: ignore[no-untyped-def]
         if not hasattr(self, "_paginator"):
-            from playground.pagination import CursorlessPagination
-
             self._paginator = CursorlessPagination()
         return self._paginator
 
@@ -221,18 +177,11 @@ class SandboxListApi(MeteredApi):
         data = _validated(s.SandboxCreateInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
-        provider_name = resolve_provider_name(
-            data.get("provider") or settings.SANDPIT_DEFAULT_PROVIDER
-        )
-        if provider_name not in configured_provider_names():
-            raise ApplicationError(
-                f"Unknown or disabled provider '{provider_name}'. Enabled: "
-                f"{', '.join(configured_provider_names())}.",
-                code="unknown_provider",
-            )
+        provider_name = services.provider_name_check(data.get("provider"))
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             sandbox = services.sandbox_create(
+                caller=caller,
                 principal=principal,
                 provider_name=provider_name,
                 template=data.get("template") or "default",
@@ -244,10 +193,10 @@ class SandboxListApi(MeteredApi):
             )
             return Response(s.SandboxOutput(sandbox).data, status=status.HTTP_201_CREATED)
 
-        return self.metered(request, feature="sandbox", operation="sandbox.create", run=run)
+        return self.operate(request, run)
 
 
-class SandboxDetailApi(MeteredApi):
+class SandboxDetailApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(responses=s.SandboxOutput)
@@ -259,17 +208,15 @@ class SandboxDetailApi(MeteredApi):
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(principal_of(request))
 
-        def run() -> Response:
-            services.sandbox_destroy(sandbox=sandbox, reason="api")
+        def run(caller: Caller) -> Response:
+            services.sandbox_destroy(caller=caller, sandbox=sandbox, reason="api")
             sandbox.refresh_from_db()
             return Response(s.SandboxOutput(sandbox).data)
 
-        return self.metered(
-            request, feature="sandbox", operation="sandbox.destroy", run=run, teardown=True
-        )
+        return self.operate(request, run)
 
 
-class SandboxTimeoutApi(MeteredApi):
+class SandboxTimeoutApi(SandboxApi):
     """Not for sandbox tokens: a token is handed to a less trusted party (a browser, an
     agent) for a bounded time, and letting it push back the sandbox's end would let it keep
     a billed sandbox alive past what its minter chose."""
@@ -279,14 +226,16 @@ class SandboxTimeoutApi(MeteredApi):
         data = _validated(s.TimeoutInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            services.sandbox_set_timeout(sandbox=sandbox, timeout_s=data["timeout_s"])
+        def run(caller: Caller) -> Response:
+            services.sandbox_set_timeout(
+                caller=caller, sandbox=sandbox, timeout_s=data["timeout_s"]
+            )
             return Response(s.SandboxOutput(sandbox).data)
 
-        return self.metered(request, feature="sandbox", operation="sandbox.timeout", run=run)
+        return self.operate(request, run)
 
 
-class SandboxStatsApi(MeteredApi):
+class SandboxStatsApi(SandboxApi):
     """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and
     runs nothing in it, and an open playground polls it every few seconds."""
 
@@ -301,7 +250,7 @@ class SandboxStatsApi(MeteredApi):
 # --- execution --------------------------------------------------------------------------------
 
 
-class SandboxCommandApi(MeteredApi):
+class SandboxCommandApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
@@ -310,9 +259,10 @@ class SandboxCommandApi(MeteredApi):
         data = _validated(s.CommandInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             stdin = data.get("stdin")
             result = services.sandbox_exec(
+                caller=caller,
                 sandbox=sandbox,
                 command=data["command"],
                 args=data.get("args"),
@@ -323,10 +273,10 @@ class SandboxCommandApi(MeteredApi):
             )
             return Response(s.exec_result_data(result))
 
-        return self.metered(request, feature="exec", operation="command", run=run)
+        return self.operate(request, run)
 
 
-class SandboxCodeApi(MeteredApi):
+class SandboxCodeApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
@@ -336,9 +286,10 @@ class SandboxCodeApi(MeteredApi):
         language = services.resolve_language(data["code"], data.get("language"))
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             stdin = data.get("stdin")
             resolved, result = services.sandbox_run_code(
+                caller=caller,
                 sandbox=sandbox,
                 code=data["code"],
                 language=language,
@@ -347,13 +298,13 @@ class SandboxCodeApi(MeteredApi):
             )
             return Response({**s.exec_result_data(result), "language": resolved})
 
-        return self.metered(request, feature="exec", operation="code", run=run)
+        return self.operate(request, run)
 
 
 # --- files --------------------------------------------------------------------------------------
 
 
-class FilesApi(MeteredApi):
+class FilesApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
@@ -362,13 +313,16 @@ class FilesApi(MeteredApi):
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             entries = services.sandbox_file_list(
-                sandbox=sandbox, path=query["path"] or ".", recursive=query["recursive"]
+                caller=caller,
+                sandbox=sandbox,
+                path=query["path"] or ".",
+                recursive=query["recursive"],
             )
             return Response({"entries": [s.file_entry_data(e) for e in entries]})
 
-        return self.metered(request, feature="files", operation="files.list", run=run)
+        return self.operate(request, run)
 
     @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
     def delete(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -379,16 +333,16 @@ class FilesApi(MeteredApi):
             )
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             services.sandbox_file_remove(
-                sandbox=sandbox, path=query["path"], recursive=query["recursive"]
+                caller=caller, sandbox=sandbox, path=query["path"], recursive=query["recursive"]
             )
             return Response(status=status.HTTP_204_NO_CONTENT)
 
-        return self.metered(request, feature="files", operation="files.remove", run=run)
+        return self.operate(request, run)
 
 
-class FileContentApi(MeteredApi):
+class FileContentApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET", "PUT"})
     parser_classes = [RawBytesParser]
@@ -400,8 +354,9 @@ class FileContentApi(MeteredApi):
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> HttpResponse:
+        def run(caller: Caller) -> HttpResponse:
             data = services.sandbox_file_read(
+                caller=caller,
                 sandbox=sandbox,
                 path=query["path"],
                 offset=query["offset"],
@@ -414,7 +369,7 @@ class FileContentApi(MeteredApi):
             response["Content-Disposition"] = content_disposition_header(False, name) or "inline"
             return response
 
-        return self.metered(request, feature="files", operation="files.read", run=run)
+        return self.operate(request, run)
 
     @extend_schema(parameters=[PATH_PARAM], request={"application/octet-stream": bytes})
     def put(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
@@ -424,14 +379,16 @@ class FileContentApi(MeteredApi):
         sandbox = self.sandbox(request, sandbox_id)
         body = _upload_body(request)
 
-        def run() -> Response:
-            entry = services.sandbox_file_write(sandbox=sandbox, path=query["path"], data=body)
+        def run(caller: Caller) -> Response:
+            entry = services.sandbox_file_write(
+                caller=caller, sandbox=sandbox, path=query["path"], data=body
+            )
             return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
 
-        return self.metered(request, feature="files", operation="files.write", run=run)
+        return self.operate(request, run)
 
 
-class FileStatApi(MeteredApi):
+class FileStatApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET"})
 
@@ -440,14 +397,14 @@ class FileStatApi(MeteredApi):
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            entry = services.sandbox_file_stat(sandbox=sandbox, path=query["path"])
+        def run(caller: Caller) -> Response:
+            entry = services.sandbox_file_stat(caller=caller, sandbox=sandbox, path=query["path"])
             return Response(s.file_entry_data(entry))
 
-        return self.metered(request, feature="files", operation="files.stat", run=run)
+        return self.operate(request, run)
 
 
-class MkdirApi(MeteredApi):
+class MkdirApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"POST"})
 
@@ -456,14 +413,14 @@ class MkdirApi(MeteredApi):
         data = _validated(s.MkdirInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            entry = services.sandbox_mkdir(sandbox=sandbox, path=data["path"])
+        def run(caller: Caller) -> Response:
+            entry = services.sandbox_mkdir(caller=caller, sandbox=sandbox, path=data["path"])
             return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
 
-        return self.metered(request, feature="files", operation="files.mkdir", run=run)
+        return self.operate(request, run)
 
 
-class MoveApi(MeteredApi):
+class MoveApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"POST"})
 
@@ -472,36 +429,39 @@ class MoveApi(MeteredApi):
         data = _validated(s.MoveInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            entry = services.sandbox_file_move(sandbox=sandbox, src=data["from"], dst=data["to"])
+        def run(caller: Caller) -> Response:
+            entry = services.sandbox_file_move(
+                caller=caller, sandbox=sandbox, src=data["from"], dst=data["to"]
+            )
             return Response(s.file_entry_data(entry))
 
-        return self.metered(request, feature="files", operation="files.move", run=run)
+        return self.operate(request, run)
 
 
 # --- processes ------------------------------------------------------------------------------------
 
 
-class ProcessListApi(MeteredApi):
+class ProcessListApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            processes = services.sandbox_process_list(sandbox=sandbox)
+        def run(caller: Caller) -> Response:
+            processes = services.sandbox_process_list(caller=caller, sandbox=sandbox)
             return Response({"results": [s.process_data(p) for p in processes]})
 
-        return self.metered(request, feature="processes", operation="process.list", run=run)
+        return self.operate(request, run)
 
     @extend_schema(request=s.ProcessStartInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         data = _validated(s.ProcessStartInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             info = services.sandbox_process_start(
+                caller=caller,
                 sandbox=sandbox,
                 command=data["command"],
                 args=data.get("args"),
@@ -510,38 +470,32 @@ class ProcessListApi(MeteredApi):
             )
             return Response(s.process_data(info), status=status.HTTP_201_CREATED)
 
-        return self.metered(request, feature="processes", operation="process.start", run=run)
+        return self.operate(request, run)
 
 
-class ProcessSignalApi(MeteredApi):
+class ProcessSignalApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
     def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
         data = _validated(s.SignalInput, request.data)
-        number = services.parse_signal(data["signal"])
+        services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            services.sandbox_process_signal(sandbox=sandbox, pid=pid, signal=data["signal"])
+        def run(caller: Caller) -> Response:
+            services.sandbox_process_signal(
+                caller=caller, sandbox=sandbox, pid=pid, signal=data["signal"]
+            )
             return Response({"pid": pid, "signal": data["signal"]})
 
-        # Only SIGKILL stops a process whatever it does: a catchable signal could be a
-        # trigger for more work, so it stays an ordinary metered operation.
-        return self.metered(
-            request,
-            feature="processes",
-            operation="process.signal",
-            run=run,
-            teardown=number == signal.SIGKILL,
-        )
+        return self.operate(request, run)
 
 
 # --- tokens, one-shot runs, providers -----------------------------------------------------------
 
 
-class SandboxTokenApi(MeteredApi):
+class SandboxTokenApi(SandboxApi):
     @extend_schema(request=s.TokenInput)
     def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         data = _validated(s.TokenInput, request.data)
@@ -549,30 +503,23 @@ class SandboxTokenApi(MeteredApi):
         principal = principal_of(request)
         _no_tokens(principal)
 
-        def run() -> Response:
-            token, expires_at = sandbox_token_encode(
-                sandbox_id=sandbox.id,
-                organization_id=principal.organization.pk,
-                scopes=data["scopes"],
-                ttl_s=data["ttl_s"],
-                api_key_id=principal.api_key.pk if principal.api_key else None,
-                user_id=principal.user.pk if principal.user else None,
+        def run(caller: Caller) -> Response:
+            token, expires_at = services.sandbox_token_mint(
+                caller=caller, sandbox=sandbox, scopes=data["scopes"], ttl_s=data["ttl_s"]
             )
-            from datetime import UTC, datetime
-
             return Response(
                 {
                     "token": token,
                     "scopes": sorted(set(data["scopes"])),
-                    "expires_at": datetime.fromtimestamp(expires_at, tz=UTC).isoformat(),
+                    "expires_at": expires_at.isoformat(),
                 },
                 status=status.HTTP_201_CREATED,
             )
 
-        return self.metered(request, feature="tokens", operation="token.mint", run=run)
+        return self.operate(request, run)
 
 
-class RunApi(MeteredApi):
+class RunApi(SandboxApi):
     @extend_schema(request=s.RunInput)
     def post(self, request):  # type: ignore[no-untyped-def]
         data = _validated(s.RunInput, request.data)
@@ -581,10 +528,10 @@ class RunApi(MeteredApi):
         if data.get("code") is not None:
             services.resolve_language(data["code"], data.get("language"))
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             stdin = data.get("stdin")
             outcome = services.run_once(
-                principal=principal,
+                caller=caller,
                 code=data.get("code"),
                 command=data.get("command"),
                 language=data.get("language"),
@@ -604,37 +551,10 @@ class RunApi(MeteredApi):
                 }
             )
 
-        return self.metered(request, feature="exec", operation="run", run=run)
+        return self.operate(request, run)
 
 
 class ProviderListApi(APIView):
     def get(self, request):  # type: ignore[no-untyped-def]
-        providers = []
-        for name in configured_provider_names():
-            entry: dict[str, Any] = {
-                "name": name,
-                "default": name == settings.SANDPIT_DEFAULT_PROVIDER,
-            }
-            try:
-                provider = get_provider(name)
-                health = provider.health()
-                entry.update(
-                    capabilities=sorted(c.value for c in provider.capabilities),
-                    health={
-                        "ok": health.ok,
-                        "detail": health.detail,
-                        "latency_ms": round(health.latency_ms, 2),
-                    },
-                )
-            except ProviderError as exc:
-                entry.update(capabilities=[], health={"ok": False, "detail": exc.message})
-            entry["limits"] = {
-                "max_concurrent_sandboxes": services.max_concurrent_sandboxes(
-                    principal_of(request).organization
-                ),
-                "max_command_timeout_s": settings.SANDPIT_MAX_COMMAND_TIMEOUT_S,
-                "max_file_bytes": settings.SANDPIT_MAX_FILE_BYTES,
-                "max_output_bytes": settings.SANDPIT_MAX_OUTPUT_BYTES,
-            }
-            providers.append(entry)
-        return Response({"results": providers})
+        organization = principal_of(request).organization
+        return Response({"results": services.providers_describe(organization)})

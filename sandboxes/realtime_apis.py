@@ -13,16 +13,16 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 
 from . import services
-from .apis import MeteredApi, _validated
-from .providers.base import Capability
+from .apis import SandboxApi, _validated
+from .caller import Caller
 from .serializers import EnvField, PathField, StrictCharField, StrictIntegerField
 from .terminals import (
     Terminal,
     terminal_create,
     terminal_get,
     terminal_kill,
-    terminal_manager,
     terminal_resize,
+    terminals_for_sandbox,
 )
 from .watchers import port_url
 
@@ -69,14 +69,14 @@ def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
     }
 
 
-class TerminalListApi(MeteredApi):
+class TerminalListApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
     @extend_schema(operation_id="v1_sandboxes_terminals_list")
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
-        terminals = terminal_manager.for_sandbox(sandbox.id)
+        terminals = terminals_for_sandbox(sandbox=sandbox)
         return Response({"results": [terminal_data(request, t) for t in terminals]})
 
     @extend_schema(request=TerminalCreateInput)
@@ -84,8 +84,9 @@ class TerminalListApi(MeteredApi):
         data = _validated(TerminalCreateInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             terminal = terminal_create(
+                caller=caller,
                 sandbox=sandbox,
                 cols=data["cols"],
                 rows=data["rows"],
@@ -95,10 +96,10 @@ class TerminalListApi(MeteredApi):
             )
             return Response(terminal_data(request, terminal), status=status.HTTP_201_CREATED)
 
-        return self.metered(request, feature="terminal", operation="terminal.create", run=run)
+        return self.operate(request, run)
 
 
-class TerminalDetailApi(MeteredApi):
+class TerminalDetailApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
@@ -113,16 +114,14 @@ class TerminalDetailApi(MeteredApi):
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
 
-        def run() -> Response:
-            terminal_kill(sandbox=sandbox, terminal_id=terminal_id)
+        def run(caller: Caller) -> Response:
+            terminal_kill(caller=caller, sandbox=sandbox, terminal_id=terminal_id)
             return Response(status=status.HTTP_204_NO_CONTENT)
 
-        return self.metered(
-            request, feature="terminal", operation="terminal.kill", run=run, teardown=True
-        )
+        return self.operate(request, run)
 
 
-class TerminalResizeApi(MeteredApi):
+class TerminalResizeApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"POST"})
 
@@ -132,38 +131,35 @@ class TerminalResizeApi(MeteredApi):
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
 
-        def run() -> Response:
+        def run(caller: Caller) -> Response:
             terminal = terminal_resize(
-                sandbox=sandbox, terminal_id=terminal_id, cols=data["cols"], rows=data["rows"]
+                caller=caller,
+                sandbox=sandbox,
+                terminal_id=terminal_id,
+                cols=data["cols"],
+                rows=data["rows"],
             )
             return Response(terminal_data(request, terminal))
 
-        return self.metered(request, feature="terminal", operation="terminal.resize", run=run)
+        return self.operate(request, run)
 
 
-class PortListApi(MeteredApi):
+class PortListApi(SandboxApi):
     required_scope = "ports"
     sandbox_token_methods = frozenset({"GET"})
 
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
 
-        def run() -> Response:
-            provider = services.provider_for(sandbox)
-            services.require_capability(provider, Capability.PORTS)
-            if sandbox.state != "running":
-                return Response({"results": []})
-            ports = provider.open_ports(sandbox.provider_id)
-            seen: dict[int, str] = {}
-            for open_port in ports:
-                seen.setdefault(open_port.port, open_port.address)
+        def run(caller: Caller) -> Response:
+            ports = services.sandbox_ports_list(caller=caller, sandbox=sandbox)
             return Response(
                 {
                     "results": [
                         {"port": port, "address": address, "url": port_url(sandbox.id, port)}
-                        for port, address in sorted(seen.items())
+                        for port, address in ports
                     ]
                 }
             )
 
-        return self.metered(request, feature="ports", operation="ports.list", run=run)
+        return self.operate(request, run)

@@ -1,4 +1,10 @@
-"""Sandbox side effects: lifecycle, commands, code, files and processes.
+"""Sandbox side effects: lifecycle, commands, code, files, processes, tokens and ports.
+
+The one door: every operation that runs something in a sandbox is a function here (or in
+terminals.py / streaming.py) taking a `Caller`, and wraps its provider call in
+`caller.metered` (scope, billing authorization, the call, one usage record). Interfaces
+resolve tenancy with a selector, build the Caller and call one of these; they never reach a
+provider or billing themselves.
 
 Provider calls never run inside a database transaction: a command may take
 30 s. Each service reads, calls the provider, then makes one short write.
@@ -11,7 +17,7 @@ import signal as signal_module
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,10 +26,15 @@ from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization
+from accounts.tokens import sandbox_token_encode
 from playground.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
+from playground.metrics import counter_inc
 
+from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
+from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
+from .events import sandbox_event_broadcast
 from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState
-from .providers import get_provider
+from .providers import configured_provider_names, get_provider, resolve_provider_name
 from .providers.base import (
     SUPPORTED_LANGUAGES,
     Capability,
@@ -41,16 +52,24 @@ from .providers.base import (
     SandboxStats,
     detect_language,
 )
+from .terminal_registry import terminals_close_for_sandbox
+
+__all__ = [  # re-exported: interfaces import the door from here
+    "ACTIVITY_WRITE_INTERVAL_S",
+    "PLATFORM",
+    "Caller",
+    "sandbox_touch",
+    "sandbox_touch_id",
+]
 
 logger = logging.getLogger(__name__)
-
-ACTIVITY_WRITE_INTERVAL_S = 5  # coalesce activity writes so busy sandboxes do not contend
 
 
 # --- helpers ------------------------------------------------------------------------
 
 
 def provider_for(sandbox: Sandbox) -> SandboxProvider:
+    """The provider holding the sandbox (ProviderError when it is not configured)."""
     return get_provider(sandbox.provider)
 
 
@@ -94,25 +113,6 @@ def sandbox_transition(
     return bool(updated)
 
 
-def sandbox_touch(sandbox: Sandbox) -> None:
-    """Record activity (for the idle reaper); at most one write per few seconds."""
-    now = timezone.now()
-    threshold = now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
-    if sandbox.last_activity_at >= threshold:
-        return  # the row we just read is fresh enough: no write, no round trip
-    Sandbox.objects.filter(pk=sandbox.pk, last_activity_at__lt=threshold).update(
-        last_activity_at=now
-    )
-    sandbox.last_activity_at = now
-
-
-def sandbox_touch_id(sandbox_id: str) -> None:
-    now = timezone.now()
-    Sandbox.objects.filter(
-        pk=sandbox_id, last_activity_at__lt=now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
-    ).update(last_activity_at=now)
-
-
 def _require_running(sandbox: Sandbox) -> None:
     if sandbox.state != SandboxState.RUNNING:
         raise Conflict(
@@ -126,8 +126,6 @@ def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: igno
     try:
         return fn(*args, **kwargs)
     except (SandboxGone, ProviderUnavailable) as exc:
-        from playground.metrics import counter_inc
-
         operation = getattr(fn, "__name__", "unknown")
         counter_inc("provider_errors", provider=sandbox.provider, operation=operation)
         if isinstance(exc, SandboxGone):
@@ -170,9 +168,16 @@ def sandbox_create(
     env: Mapping[str, str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     ephemeral: bool = False,
+    caller: Caller | None = None,
 ) -> Sandbox:
-    """Create a sandbox row and the provider resource. Raises QuotaExceeded (429) past the
-    organization's concurrent limit, Forbidden when network is asked for but not allowed."""
+    """Create a sandbox row and the provider resource, counted once (feature 'sandbox') on
+    `caller`'s account (default: the principal's). Raises PaymentRequired (402), QuotaExceeded
+    (429) past the organization's concurrent limit, Forbidden when network is asked for but
+    not allowed."""
+    caller = caller or Caller(principal)
+    # The one door's order (authorize, create, record), spelled out rather than wrapped so
+    # the body keeps its shape.
+    billing_authorize(caller, "sandbox")
     organization = principal.organization
     provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
     if network and not organization.allow_network:
@@ -231,14 +236,29 @@ def sandbox_create(
         # Destroyed while we were creating it: do not leak the resource.
         provider.destroy(handle.provider_id)
     logger.info("sandbox created", extra={"sandbox_id": sandbox.id})
+    billing_record(caller, "sandbox.create")
     return sandbox
 
 
-def sandbox_destroy(*, sandbox: Sandbox, reason: str = "api", only_if_idle: bool = False) -> bool:
+def sandbox_destroy(
+    *,
+    sandbox: Sandbox,
+    reason: str = "api",
+    only_if_idle: bool = False,
+    caller: Caller = PLATFORM,
+) -> bool:
     """Destroy in the provider and record why. Only the caller that wins the state change
     calls the provider, so concurrent destroys never double-destroy. With `only_if_idle`
     (the reaper), it wins only if the sandbox is still running with the activity time and
-    timeout the caller read: a keystroke in between keeps it alive. Returns whether it won."""
+    timeout the caller read: a keystroke in between keeps it alive. Returns whether it won.
+
+    Never refused by billing (stopping); a user's destroy is counted once while billing
+    would allow it. The default caller is the platform (reaper, reconciler): not counted."""
+    with metered(caller, feature="sandbox", operation="sandbox.destroy", teardown=True):
+        return _destroy(sandbox, reason=reason, only_if_idle=only_if_idle)
+
+
+def _destroy(sandbox: Sandbox, *, reason: str, only_if_idle: bool) -> bool:
     where = (
         {
             "state": SandboxState.RUNNING,
@@ -261,30 +281,30 @@ def sandbox_destroy(*, sandbox: Sandbox, reason: str = "api", only_if_idle: bool
             provider_for(sandbox).destroy(sandbox.provider_id)
         except ProviderError:
             # The row is destroyed; the reconciler removes the leftover resource.
-            from playground.metrics import counter_inc
-
             counter_inc("provider_errors", provider=sandbox.provider, operation="destroy")
             logger.exception("provider destroy failed", extra={"sandbox_id": sandbox.id})
-    from .realtime import sandbox_event_broadcast
-
+    terminals_close_for_sandbox(sandbox.id)
     sandbox_event_broadcast(sandbox.id, {"type": "status", "state": "destroyed", "reason": reason})
     logger.info("sandbox destroyed (%s)", reason, extra={"sandbox_id": sandbox.id})
     return True
 
 
-def sandbox_set_timeout(*, sandbox: Sandbox, timeout_s: int) -> Sandbox:
-    """Set the idle timeout and count as activity (keep-alive)."""
-    _require_running(sandbox)
-    provider = provider_for(sandbox)
-    if Capability.TIMEOUT in provider.capabilities:
-        _call(sandbox, provider.set_timeout, sandbox.provider_id, timeout_s)
-    now = timezone.now()
-    Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
-    sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
+def sandbox_set_timeout(*, caller: Caller, sandbox: Sandbox, timeout_s: int) -> Sandbox:
+    """Set the idle timeout and count as activity (keep-alive); counted once."""
+    with metered(caller, feature="sandbox", operation="sandbox.timeout"):
+        _require_running(sandbox)
+        provider = provider_for(sandbox)
+        if Capability.TIMEOUT in provider.capabilities:
+            _call(sandbox, provider.set_timeout, sandbox.provider_id, timeout_s)
+        now = timezone.now()
+        Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
+        sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
     return sandbox
 
 
 def sandbox_stats(*, sandbox: Sandbox) -> SandboxStats:
+    """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and runs
+    nothing in it, and an open playground polls it every few seconds."""
     _require_running(sandbox)
     provider = provider_for(sandbox)
     require_capability(provider, Capability.STATS)
@@ -296,6 +316,7 @@ def sandbox_stats(*, sandbox: Sandbox) -> SandboxStats:
 
 def sandbox_exec(
     *,
+    caller: Caller,
     sandbox: Sandbox,
     command: str,
     args: Sequence[str] | None = None,
@@ -304,25 +325,28 @@ def sandbox_exec(
     timeout_s: float | None = None,
     stdin: bytes | None = None,
 ) -> ExecResult:
-    """Run one command to completion. `args is None` → `sh -c command`."""
-    _require_running(sandbox)
-    provider = provider_for(sandbox)
-    require_capability(provider, Capability.EXEC)
-    request = ExecRequest(
-        command=command,
-        args=list(args) if args is not None else None,
-        cwd=cwd,
-        env=dict(env or {}),
-        timeout_s=min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
-        stdin=stdin,
-        max_output_bytes=settings.SANDPIT_MAX_OUTPUT_BYTES,
-    )
-    result = _call(sandbox, provider.exec, sandbox.provider_id, request)
+    """Run one command to completion, counted once. `args is None` → `sh -c command`."""
+    with metered(caller, feature="exec", operation="command", scope="exec"):
+        _require_running(sandbox)
+        provider = provider_for(sandbox)
+        require_capability(provider, Capability.EXEC)
+        request = ExecRequest(
+            command=command,
+            args=list(args) if args is not None else None,
+            cwd=cwd,
+            env=dict(env or {}),
+            timeout_s=min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
+            stdin=stdin,
+            max_output_bytes=settings.SANDPIT_MAX_OUTPUT_BYTES,
+        )
+        result = _call(sandbox, provider.exec, sandbox.provider_id, request)
     sandbox_touch(sandbox)
     return result
 
 
 def resolve_language(code: str, language: str | None) -> str:
+    """The language to run `code` in: `language` (aliases allowed) or detected. Raises
+    ApplicationError 'unknown_language' (400)."""
     if not language:
         return detect_language(code)
     language = language.lower()
@@ -345,26 +369,28 @@ def resolve_language(code: str, language: str | None) -> str:
 
 def sandbox_run_code(
     *,
+    caller: Caller,
     sandbox: Sandbox,
     code: str,
     language: str | None = None,
     timeout_s: float | None = None,
     stdin: bytes | None = None,
 ) -> tuple[str, ExecResult]:
-    """Run a snippet; returns (resolved language, result)."""
+    """Run a snippet, counted once; returns (resolved language, result)."""
     resolved = resolve_language(code, language)
-    _require_running(sandbox)
-    provider = provider_for(sandbox)
-    require_capability(provider, Capability.RUN_CODE)
-    result = _call(
-        sandbox,
-        provider.run_code,
-        sandbox.provider_id,
-        code,
-        resolved,
-        min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
-        stdin,
-    )
+    with metered(caller, feature="exec", operation="code", scope="exec"):
+        _require_running(sandbox)
+        provider = provider_for(sandbox)
+        require_capability(provider, Capability.RUN_CODE)
+        result = _call(
+            sandbox,
+            provider.run_code,
+            sandbox.provider_id,
+            code,
+            resolved,
+            min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
+            stdin,
+        )
     sandbox_touch(sandbox)
     return resolved, result
 
@@ -379,53 +405,75 @@ def _files(sandbox: Sandbox) -> SandboxProvider:
     return provider
 
 
-def sandbox_file_list(*, sandbox: Sandbox, path: str, recursive: bool = False) -> list[FileEntry]:
-    provider = _files(sandbox)
-    entries = _call(sandbox, provider.list_files, sandbox.provider_id, path, recursive)
+def _file_op(caller: Caller, operation: str) -> Any:
+    return metered(caller, feature="files", operation=operation, scope="files")
+
+
+def sandbox_file_list(
+    *, caller: Caller, sandbox: Sandbox, path: str, recursive: bool = False
+) -> list[FileEntry]:
+    """Entries under `path` (counted once)."""
+    with _file_op(caller, "files.list"):
+        provider = _files(sandbox)
+        entries = _call(sandbox, provider.list_files, sandbox.provider_id, path, recursive)
     sandbox_touch(sandbox)
     return entries
 
 
 def sandbox_file_read(
-    *, sandbox: Sandbox, path: str, offset: int = 0, length: int | None = None
+    *, caller: Caller, sandbox: Sandbox, path: str, offset: int = 0, length: int | None = None
 ) -> bytes:
-    provider = _files(sandbox)
-    data = _call(sandbox, provider.read_file, sandbox.provider_id, path, offset, length)
+    """`length` bytes (all when None) of a file from byte `offset` (counted once)."""
+    with _file_op(caller, "files.read"):
+        provider = _files(sandbox)
+        data = _call(sandbox, provider.read_file, sandbox.provider_id, path, offset, length)
     sandbox_touch(sandbox)
     return data
 
 
-def sandbox_file_write(*, sandbox: Sandbox, path: str, data: bytes) -> FileEntry:
-    provider = _files(sandbox)
-    entry = _call(sandbox, provider.write_file, sandbox.provider_id, path, data)
+def sandbox_file_write(*, caller: Caller, sandbox: Sandbox, path: str, data: bytes) -> FileEntry:
+    """Create or replace a file (counted once)."""
+    with _file_op(caller, "files.write"):
+        provider = _files(sandbox)
+        entry = _call(sandbox, provider.write_file, sandbox.provider_id, path, data)
     sandbox_touch(sandbox)
     return entry
 
 
-def sandbox_file_stat(*, sandbox: Sandbox, path: str) -> FileEntry:
-    provider = _files(sandbox)
-    entry = _call(sandbox, provider.stat, sandbox.provider_id, path)
+def sandbox_file_stat(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEntry:
+    """One entry's metadata (counted once)."""
+    with _file_op(caller, "files.stat"):
+        provider = _files(sandbox)
+        entry = _call(sandbox, provider.stat, sandbox.provider_id, path)
     sandbox_touch(sandbox)
     return entry
 
 
-def sandbox_mkdir(*, sandbox: Sandbox, path: str) -> FileEntry:
-    provider = _files(sandbox)
-    entry = _call(sandbox, provider.mkdir, sandbox.provider_id, path)
+def sandbox_mkdir(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEntry:
+    """Create a directory and its parents (counted once)."""
+    with _file_op(caller, "files.mkdir"):
+        provider = _files(sandbox)
+        entry = _call(sandbox, provider.mkdir, sandbox.provider_id, path)
     sandbox_touch(sandbox)
     return entry
 
 
-def sandbox_file_move(*, sandbox: Sandbox, src: str, dst: str) -> FileEntry:
-    provider = _files(sandbox)
-    entry = _call(sandbox, provider.move, sandbox.provider_id, src, dst)
+def sandbox_file_move(*, caller: Caller, sandbox: Sandbox, src: str, dst: str) -> FileEntry:
+    """Rename `src` to `dst` (counted once)."""
+    with _file_op(caller, "files.move"):
+        provider = _files(sandbox)
+        entry = _call(sandbox, provider.move, sandbox.provider_id, src, dst)
     sandbox_touch(sandbox)
     return entry
 
 
-def sandbox_file_remove(*, sandbox: Sandbox, path: str, recursive: bool = False) -> None:
-    provider = _files(sandbox)
-    _call(sandbox, provider.remove, sandbox.provider_id, path, recursive)
+def sandbox_file_remove(
+    *, caller: Caller, sandbox: Sandbox, path: str, recursive: bool = False
+) -> None:
+    """Remove a file, or a directory with `recursive` (counted once)."""
+    with _file_op(caller, "files.remove"):
+        provider = _files(sandbox)
+        _call(sandbox, provider.remove, sandbox.provider_id, path, recursive)
     sandbox_touch(sandbox)
 
 
@@ -441,32 +489,38 @@ def _processes(sandbox: Sandbox) -> SandboxProvider:
 
 def sandbox_process_start(
     *,
+    caller: Caller,
     sandbox: Sandbox,
     command: str,
     args: Sequence[str] | None = None,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ProcessInfo:
-    provider = _processes(sandbox)
-    info = _call(
-        sandbox,
-        provider.start_process,
-        sandbox.provider_id,
-        command,
-        list(args) if args is not None else None,
-        cwd,
-        dict(env or {}),
-    )
+    """Start a background process (counted once)."""
+    with metered(caller, feature="processes", operation="process.start", scope="exec"):
+        provider = _processes(sandbox)
+        info = _call(
+            sandbox,
+            provider.start_process,
+            sandbox.provider_id,
+            command,
+            list(args) if args is not None else None,
+            cwd,
+            dict(env or {}),
+        )
     sandbox_touch(sandbox)
     return info
 
 
-def sandbox_process_list(*, sandbox: Sandbox) -> list[ProcessInfo]:
-    provider = _processes(sandbox)
-    return _call(sandbox, provider.list_processes, sandbox.provider_id)
+def sandbox_process_list(*, caller: Caller, sandbox: Sandbox) -> list[ProcessInfo]:
+    """The sandbox's processes (counted once: it runs a listing inside the sandbox)."""
+    with metered(caller, feature="processes", operation="process.list", scope="exec"):
+        provider = _processes(sandbox)
+        return _call(sandbox, provider.list_processes, sandbox.provider_id)
 
 
 def parse_signal(name: str | int) -> int:
+    """A signal number from a name ('TERM', 'SIGTERM') or number; ApplicationError (400)."""
     if isinstance(name, int):
         number = name
     else:
@@ -485,11 +539,102 @@ def parse_signal(name: str | int) -> int:
     return number
 
 
-def sandbox_process_signal(*, sandbox: Sandbox, pid: int, signal: str | int) -> None:
+def sandbox_process_signal(
+    *, caller: Caller, sandbox: Sandbox, pid: int, signal: str | int
+) -> None:
+    """Send a signal to a process (counted once). Only SIGKILL stops a process whatever it
+    does, so only SIGKILL is never refused by billing: a catchable signal could be a trigger
+    for more work, so it stays an ordinary metered operation."""
     number = parse_signal(signal)
-    provider = _processes(sandbox)
-    _call(sandbox, provider.signal_process, sandbox.provider_id, pid, number)
+    with metered(
+        caller,
+        feature="processes",
+        operation="process.signal",
+        scope="exec",
+        teardown=number == signal_module.SIGKILL,
+    ):
+        provider = _processes(sandbox)
+        _call(sandbox, provider.signal_process, sandbox.provider_id, pid, number)
     sandbox_touch(sandbox)
+
+
+# --- tokens, ports, providers ------------------------------------------------------------------
+
+
+def sandbox_token_mint(
+    *, caller: Caller, sandbox: Sandbox, scopes: Sequence[str], ttl_s: int
+) -> tuple[str, datetime]:
+    """A sandbox token for `sandbox` with `scopes`, valid `ttl_s` seconds (counted once).
+    Returns (token, expires_at)."""
+    principal = caller.principal
+    if principal is None or principal.token is not None:
+        raise Forbidden("Sandbox tokens cannot do this; use an API key.", code="token_not_allowed")
+    with metered(caller, feature="tokens", operation="token.mint"):
+        token, expires_at = sandbox_token_encode(
+            sandbox_id=sandbox.id,
+            organization_id=principal.organization.pk,
+            scopes=list(scopes),
+            ttl_s=ttl_s,
+            api_key_id=principal.api_key.pk if principal.api_key else None,
+            user_id=principal.user.pk if principal.user else None,
+        )
+    return token, datetime.fromtimestamp(expires_at, tz=UTC)
+
+
+def sandbox_ports_list(*, caller: Caller, sandbox: Sandbox) -> list[tuple[int, str]]:
+    """Listening TCP ports in the sandbox as sorted (port, address), one per port (counted
+    once; empty when the sandbox is not running)."""
+    with metered(caller, feature="ports", operation="ports.list", scope="ports"):
+        provider = provider_for(sandbox)
+        require_capability(provider, Capability.PORTS)
+        if sandbox.state != SandboxState.RUNNING:
+            return []
+        seen: dict[int, str] = {}
+        for open_port in provider.open_ports(sandbox.provider_id):
+            seen.setdefault(open_port.port, open_port.address)
+    return sorted(seen.items())
+
+
+def provider_name_check(name: str | None) -> str:
+    """The canonical name of an enabled provider (default when None); ApplicationError
+    'unknown_provider' (400) otherwise."""
+    provider_name = resolve_provider_name(name or settings.SANDPIT_DEFAULT_PROVIDER)
+    if provider_name not in configured_provider_names():
+        raise ApplicationError(
+            f"Unknown or disabled provider '{provider_name}'. Enabled: "
+            f"{', '.join(configured_provider_names())}.",
+            code="unknown_provider",
+        )
+    return provider_name
+
+
+def providers_describe(organization: Organization) -> list[dict[str, Any]]:
+    """Each enabled provider: name, default, capabilities, a live health check and the
+    limits that apply to `organization`. Not counted (runs nothing in a sandbox)."""
+    providers = []
+    for name in configured_provider_names():
+        entry: dict[str, Any] = {"name": name, "default": name == settings.SANDPIT_DEFAULT_PROVIDER}
+        try:
+            provider = get_provider(name)
+            health = provider.health()
+            entry.update(
+                capabilities=sorted(c.value for c in provider.capabilities),
+                health={
+                    "ok": health.ok,
+                    "detail": health.detail,
+                    "latency_ms": round(health.latency_ms, 2),
+                },
+            )
+        except ProviderError as exc:
+            entry.update(capabilities=[], health={"ok": False, "detail": exc.message})
+        entry["limits"] = {
+            "max_concurrent_sandboxes": max_concurrent_sandboxes(organization),
+            "max_command_timeout_s": settings.SANDPIT_MAX_COMMAND_TIMEOUT_S,
+            "max_file_bytes": settings.SANDPIT_MAX_FILE_BYTES,
+            "max_output_bytes": settings.SANDPIT_MAX_OUTPUT_BYTES,
+        }
+        providers.append(entry)
+    return providers
 
 
 # --- one-shot judge --------------------------------------------------------------------------
@@ -521,7 +666,7 @@ def judge_verdict(result: ExecResult, memory_limit_bytes: int) -> str:
 
 def run_once(
     *,
-    principal: Principal,
+    caller: Caller,
     code: str | None,
     command: str | None,
     language: str | None,
@@ -530,30 +675,46 @@ def run_once(
     limits: Mapping[str, Any],
     provider_name: str | None = None,
 ) -> JudgeOutcome:
-    """Create an ephemeral sandbox, write files, run, and always destroy it."""
+    """Create an ephemeral sandbox, write files, run, and always destroy it: one counted
+    operation ('run', feature 'exec'); its steps are not counted on their own."""
+    principal = caller.principal
+    if principal is None:
+        raise Forbidden("A one-shot run needs an organization.", code="token_not_allowed")
     resolved = resolve_language(code, language) if code is not None else None
     memory_mb = int(limits.get("memory_mb", 256))
-    sandbox = sandbox_create(
-        principal=principal,
-        provider_name=provider_name,
-        resources={"memory_mb": memory_mb, "pids": int(limits.get("pids", 64))},
-        ephemeral=True,
-        timeout_s=120,
-    )
-    try:
-        for path, content in files.items():
-            sandbox_file_write(sandbox=sandbox, path=path, data=content.encode())
-        timeout_s = float(limits.get("timeout_s", 10))
-        if code is not None:
-            _, result = sandbox_run_code(
-                sandbox=sandbox, code=code, language=resolved, timeout_s=timeout_s, stdin=stdin
-            )
-        else:
-            result = sandbox_exec(
-                sandbox=sandbox, command=command or "", timeout_s=timeout_s, stdin=stdin
-            )
-    finally:
-        sandbox_destroy(sandbox=sandbox, reason="ephemeral")
+    step = caller.unbilled()
+    with metered(caller, feature="exec", operation="run"):
+        sandbox = sandbox_create(
+            principal=principal,
+            provider_name=provider_name,
+            resources={"memory_mb": memory_mb, "pids": int(limits.get("pids", 64))},
+            ephemeral=True,
+            timeout_s=120,
+            caller=step,
+        )
+        try:
+            for path, content in files.items():
+                sandbox_file_write(caller=step, sandbox=sandbox, path=path, data=content.encode())
+            timeout_s = float(limits.get("timeout_s", 10))
+            if code is not None:
+                _, result = sandbox_run_code(
+                    caller=step,
+                    sandbox=sandbox,
+                    code=code,
+                    language=resolved,
+                    timeout_s=timeout_s,
+                    stdin=stdin,
+                )
+            else:
+                result = sandbox_exec(
+                    caller=step,
+                    sandbox=sandbox,
+                    command=command or "",
+                    timeout_s=timeout_s,
+                    stdin=stdin,
+                )
+        finally:
+            sandbox_destroy(sandbox=sandbox, reason="ephemeral")
     return JudgeOutcome(
         verdict=judge_verdict(result, memory_mb * 1024 * 1024), language=resolved, result=result
     )

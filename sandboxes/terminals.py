@@ -1,415 +1,67 @@
-"""Interactive terminals: a per-process registry of live PTYs and the services around them.
+"""Terminal services: create, attach, type into, resize and kill a sandbox's terminals.
 
-A Terminal owns one provider PtySession, a bounded scrollback ring and the set of sockets
-attached to it. Output is read on the event loop with `loop.add_reader` on the PTY's file
-descriptor (no thread per read, no channel layer on the keystroke path) and written to every
-attached socket as raw bytes; input from any socket goes straight to the PTY.
-
-Terminals are pinned to the web process that created them: the PTY's descriptor lives in
-that process. Run one ASGI process per host (or route /ws/sandboxes/<id>/terminals/* with
-sticky sessions); a socket that reaches another process gets close code 4404. A terminal
-outlives its sockets (closing the browser does not kill the shell) and ends on DELETE, when
-its shell exits, or when the sandbox is destroyed or reaped (the PTY stream then ends).
+The PTYs themselves live in this process's registry (sandboxes/terminal_registry.py). Every
+operation here goes through the one door (sandboxes.caller.metered) like any other sandbox
+operation; typing is the exception in shape, not in rule: keystrokes never wait for the
+database, so a TerminalSession counts them as they pass and `flush` records them (from a
+thread) about once a second.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import logging
-import secrets
-import threading
 import time
-from collections import deque
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from playground.errors import Conflict, NotFound, QuotaExceeded
 
+from .activity import sandbox_touch_id
+from .caller import Caller, billing_authorize, billing_record, metered
 from .models import Sandbox, SandboxState
-from .providers.base import Capability, ProviderError, PtySession
-from .services import provider_for, require_capability, sandbox_touch_id
+from .providers.base import Capability
+from .services import provider_for, require_capability
+from .terminal_registry import (
+    Terminal,
+    TerminalClient,
+    clamp_size,
+    terminal_manager,
+    terminals_close_for_sandbox,
+)
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "METER_WINDOW_S",
+    "Terminal",
+    "TerminalClient",
+    "TerminalSession",
+    "clamp_size",
+    "count_enters",
+    "terminal_attach",
+    "terminal_create",
+    "terminal_get",
+    "terminal_kill",
+    "terminal_manager",
+    "terminal_resize",
+    "terminals_close_for_sandbox",
+    "terminals_for_sandbox",
+]
 
-SCROLLBACK_BYTES = 64 * 1024
-"""Recent output replayed to a socket that (re)attaches."""
-READ_CHUNK_BYTES = 65536
-MAX_READS_PER_WAKEUP = 4
-"""Coalesce up to 4 × 64 KB per readable event into one frame (throughput), one read when
-that is all there is (latency)."""
-TOUCH_INTERVAL_S = 5.0
-"""Terminal I/O marks the sandbox active at most this often (the reaper reads it)."""
-EXITED_TTL_S = 300.0
-"""An ended terminal stays listed (with its exit code and scrollback) this long."""
-MAX_WRITE_ON_LOOP_BYTES = 4096
-"""Input up to this size is written on the loop (never blocks in practice); more in a thread."""
+METER_WINDOW_S = 60.0
+"""Terminal input is counted at least once per started window (of a socket) with any input:
+keystrokes that run commands without an Enter (Ctrl-O, a `read -d ';'` loop, a program in
+raw mode) cannot make a terminal free."""
+meter_clock = time.monotonic
+"""The clock of those windows (a module attribute, so tests can drive it)."""
 
 
 def max_terminals_per_sandbox() -> int:
     return int(getattr(settings, "SANDPIT_MAX_TERMINALS_PER_SANDBOX", 20))
 
 
-class TerminalClient(Protocol):
-    """A socket attached to a terminal. Both methods are called on the event loop and must
-    not block."""
-
-    def terminal_output(self, data: bytes) -> None: ...
-
-    def terminal_exited(self, code: int | None) -> None: ...
-
-
-class Scrollback:
-    """A ring of the most recent `limit` bytes of output."""
-
-    def __init__(self, limit: int = SCROLLBACK_BYTES) -> None:
-        self.limit = limit
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-
-    def append(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        while self._size > self.limit:
-            extra = self._size - self.limit
-            first = self._chunks[0]
-            if len(first) <= extra:
-                self._chunks.popleft()
-                self._size -= len(first)
-            else:
-                self._chunks[0] = first[extra:]
-                self._size -= extra
-
-    def snapshot(self) -> bytes:
-        data = b"".join(self._chunks)
-        if self._size >= self.limit:
-            # The ring was cut mid-stream: do not start inside a UTF-8 sequence.
-            skip = 0
-            while skip < min(4, len(data)) and 0x80 <= data[skip] <= 0xBF:
-                skip += 1
-            data = data[skip:]
-        return data
-
-    def __len__(self) -> int:
-        return self._size
-
-
-@dataclass(frozen=True)
-class TerminalInfo:
-    """What the REST API shows about a terminal."""
-
-    id: str
-    sandbox_id: str
-    cols: int
-    rows: int
-    shell: str | None
-    created_at: float
-    """Seconds since the epoch."""
-    clients: int
-    """Sockets attached right now."""
-    running: bool
-    exit_code: int | None
-
-
-class Terminal:
-    """One PTY in one sandbox. Mutated only on the event loop it is bound to."""
-
-    def __init__(
-        self,
-        *,
-        manager: TerminalManager,
-        sandbox_id: str,
-        organization_id: int,
-        pty: PtySession,
-        cols: int,
-        rows: int,
-        shell: str | None,
-    ) -> None:
-        self.id = "term_" + secrets.token_hex(8)
-        self.manager = manager
-        self.sandbox_id = sandbox_id
-        self.organization_id = organization_id
-        self.pty = pty
-        self.cols, self.rows = cols, rows
-        self.shell = shell
-        self.created_at = time.time()
-        self.scrollback = Scrollback()
-        self.clients: set[TerminalClient] = set()
-        self.ended = False
-        self.exit_code: int | None = None
-        self.ended_at: float | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._fd: int | None = None
-        self._pending_input: deque[bytes] = deque()
-        self._writer: asyncio.Task[None] | None = None
-        self._last_touch = 0.0
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    # --- lifecycle (on the loop) ---------------------------------------------------------------
-
-    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Begin reading output on `loop` (the running loop by default). Idempotent."""
-        if self._loop is not None or self.ended:
-            return
-        self._loop = loop or asyncio.get_running_loop()
-        self._fd = self.pty.fileno()
-        self._loop.add_reader(self._fd, self._on_readable)
-
-    def _stop_reading(self) -> None:
-        if self._loop is not None and self._fd is not None:
-            try:
-                self._loop.remove_reader(self._fd)
-            except (ValueError, OSError, RuntimeError):
-                pass
-            self._fd = None
-
-    def _on_readable(self) -> None:
-        chunks: list[bytes] = []
-        ended = False
-        for _ in range(MAX_READS_PER_WAKEUP):
-            try:
-                data = self.pty.read(READ_CHUNK_BYTES)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                ended = True
-                break
-            chunks.append(data)
-            if len(data) < READ_CHUNK_BYTES:
-                break
-        if chunks:
-            output = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self.scrollback.append(output)
-            for client in tuple(self.clients):
-                client.terminal_output(output)
-            self.note_activity()
-        if ended:
-            self._stop_reading()
-            self._spawn(self._finish())
-
-    async def _finish(self) -> None:
-        """The PTY stream ended: learn the exit code, tell every socket, schedule removal."""
-        code = await sync_to_async(_wait_exit_code, thread_sensitive=False)(self.pty)
-        self._mark_ended(code)
-        await sync_to_async(self.pty.close, thread_sensitive=False)()
-        self.manager.forget_later(self, EXITED_TTL_S)
-
-    def _mark_ended(self, code: int | None) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        self.exit_code = code
-        self.ended_at = time.time()
-        self._stop_reading()
-        for client in tuple(self.clients):
-            client.terminal_exited(code)
-        self.clients.clear()
-
-    def kill_on_loop(self) -> None:
-        """Stop reading and tell the sockets the terminal is gone (the PTY is closed by the
-        caller, off the loop, since closing may block)."""
-        self._mark_ended(self.exit_code if self.exit_code is not None else -9)
-        for task in tuple(self._tasks):
-            task.cancel()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # --- sockets -----------------------------------------------------------------------------
-
-    def attach(self, client: TerminalClient) -> bytes:
-        """Attach a socket; returns the scrollback to replay before live output."""
-        self.start()
-        snapshot = self.scrollback.snapshot()
-        if not self.ended:
-            self.clients.add(client)
-        return snapshot
-
-    def detach(self, client: TerminalClient) -> None:
-        self.clients.discard(client)
-
-    # --- input ---------------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        """Send input bytes to the shell, in order. Never blocks the loop: small writes go
-        straight to the non-blocking descriptor, large or backed-up ones through a thread."""
-        if self.ended or not data:
-            return
-        self.note_activity()
-        if not self._pending_input and len(data) <= MAX_WRITE_ON_LOOP_BYTES:
-            try:
-                self.pty.write(data)
-            except (OSError, ProviderError):
-                logger.info("terminal write failed", extra={"terminal_id": self.id})
-            return
-        self._pending_input.append(data)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.ensure_future(self._drain_input())
-
-    async def _drain_input(self) -> None:
-        while self._pending_input and not self.ended:
-            data = self._pending_input.popleft()
-            try:
-                await sync_to_async(self.pty.write, thread_sensitive=False)(data)
-            except (OSError, ProviderError):
-                logger.info("terminal write failed", extra={"terminal_id": self.id})
-                self._pending_input.clear()
-
-    async def resize(self, cols: int, rows: int) -> None:
-        cols, rows = clamp_size(cols, rows)
-        await sync_to_async(self.pty.resize, thread_sensitive=False)(cols, rows)
-        self.cols, self.rows = cols, rows
-
-    def note_activity(self) -> None:
-        now = time.monotonic()
-        if now - self._last_touch >= TOUCH_INTERVAL_S:
-            self._last_touch = now
-            self._spawn(_touch(self.sandbox_id))
-
-    def info(self) -> TerminalInfo:
-        return TerminalInfo(
-            id=self.id,
-            sandbox_id=self.sandbox_id,
-            cols=self.cols,
-            rows=self.rows,
-            shell=self.shell,
-            created_at=self.created_at,
-            clients=len(self.clients),
-            running=not self.ended,
-            exit_code=self.exit_code,
-        )
-
-
-async def _touch(sandbox_id: str) -> None:
-    from channels.db import database_sync_to_async
-
-    try:
-        await database_sync_to_async(sandbox_touch_id)(sandbox_id)
-    except Exception:  # noqa: BLE001 - activity bookkeeping must never break a terminal
-        logger.warning("could not record terminal activity", exc_info=True)
-
-
-def _wait_exit_code(pty: PtySession) -> int | None:
-    """The shell's exit status; the stream can end a moment before the process is reaped."""
-    for _ in range(20):
-        try:
-            code = pty.exit_code()
-        except ProviderError:
-            return -9
-        if code is not None:
-            return code
-        time.sleep(0.05)
-    return None
-
-
-def clamp_size(cols: int, rows: int) -> tuple[int, int]:
-    return max(2, min(int(cols), 1000)), max(1, min(int(rows), 500))
-
-
-class TerminalManager:
-    """The terminals of this process, keyed by id.
-
-    Safe to call from the request threads of sync views: work that must happen on the event
-    loop is handed to it with call_soon_threadsafe / run_coroutine_threadsafe.
-    """
-
-    def __init__(self) -> None:
-        self._terminals: dict[str, Terminal] = {}
-        self._lock = threading.Lock()
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Remember the server's event loop (called by the ASGI app on every request)."""
-        self.loop = loop
-
-    def _live_loop(self) -> asyncio.AbstractEventLoop | None:
-        loop = self.loop
-        if loop is None or loop.is_closed() or not loop.is_running():
-            return None
-        return loop
-
-    def _on_loop(self, fn: Any, *args: Any) -> None:
-        """Run fn(*args) on the bound loop and wait for it (or inline when there is none or
-        we are on it)."""
-        loop = self._live_loop()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is None or running is loop:
-            fn(*args)
-            return
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def call() -> None:
-            try:
-                fn(*args)
-                future.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                future.set_exception(exc)
-
-        loop.call_soon_threadsafe(call)
-        future.result(timeout=10)
-
-    def add(self, terminal: Terminal) -> None:
-        with self._lock:
-            self._terminals[terminal.id] = terminal
-        loop = self._live_loop()
-        if loop is not None:
-            loop.call_soon_threadsafe(terminal.start, loop)
-
-    def get(self, sandbox_id: str, terminal_id: str) -> Terminal | None:
-        terminal = self._terminals.get(terminal_id)
-        if terminal is None or terminal.sandbox_id != str(sandbox_id):
-            return None
-        return terminal
-
-    def for_sandbox(self, sandbox_id: str) -> list[Terminal]:
-        with self._lock:
-            found = [t for t in self._terminals.values() if t.sandbox_id == str(sandbox_id)]
-        return sorted(found, key=lambda t: t.created_at)
-
-    def all(self) -> list[Terminal]:
-        with self._lock:
-            return list(self._terminals.values())
-
-    def remove(self, terminal: Terminal) -> None:
-        """End a terminal: sockets get an exit message, the shell's process tree is killed.
-        Blocking (closing may call the provider); call from a thread."""
-        with self._lock:
-            self._terminals.pop(terminal.id, None)
-        self._on_loop(terminal.kill_on_loop)
-        try:
-            terminal.pty.close()
-        except ProviderError:
-            logger.warning("terminal close failed", exc_info=True)
-
-    def forget_later(self, terminal: Terminal, delay_s: float) -> None:
-        def forget() -> None:
-            with self._lock:
-                if self._terminals.get(terminal.id) is terminal:
-                    del self._terminals[terminal.id]
-
-        asyncio.get_running_loop().call_later(delay_s, forget)
-
-
-terminal_manager = TerminalManager()
-"""This process's terminals."""
-
-
-# --- services (synchronous, called by the REST views) --------------------------------------------
-
-
 def terminal_create(
     *,
+    caller: Caller,
     sandbox: Sandbox,
     cols: int = 80,
     rows: int = 24,
@@ -417,40 +69,48 @@ def terminal_create(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Terminal:
-    """Open a shell on a PTY in the sandbox and register it in this process.
+    """Open a shell on a PTY in the sandbox and register it in this process (counted once,
+    feature 'terminal').
 
     Raises Conflict (409) when the sandbox is not running, QuotaExceeded (429) past
-    SANDPIT_MAX_TERMINALS_PER_SANDBOX live terminals, CapabilityNotSupported (501), and the
-    provider's errors."""
-    if sandbox.state != SandboxState.RUNNING:
-        raise Conflict(
-            f"Sandbox {sandbox.id} is {sandbox.state}, not running.", code="sandbox_not_running"
+    SANDPIT_MAX_TERMINALS_PER_SANDBOX live terminals, CapabilityNotSupported (501),
+    PaymentRequired (402), and the provider's errors."""
+    with metered(caller, feature="terminal", operation="terminal.create", scope="terminal"):
+        if sandbox.state != SandboxState.RUNNING:
+            raise Conflict(
+                f"Sandbox {sandbox.id} is {sandbox.state}, not running.",
+                code="sandbox_not_running",
+            )
+        live = [t for t in terminal_manager.for_sandbox(sandbox.id) if not t.ended]
+        limit = max_terminals_per_sandbox()
+        if len(live) >= limit:
+            raise QuotaExceeded(
+                f"This sandbox already has {len(live)} terminals (limit {limit}).",
+                code="terminal_limit_reached",
+            )
+        provider = provider_for(sandbox)
+        require_capability(provider, Capability.PTY)
+        cols, rows = clamp_size(cols, rows)
+        pty = provider.open_pty(
+            sandbox.provider_id, cols=cols, rows=rows, shell=shell or None, cwd=cwd, env=env
         )
-    live = [t for t in terminal_manager.for_sandbox(sandbox.id) if not t.ended]
-    limit = max_terminals_per_sandbox()
-    if len(live) >= limit:
-        raise QuotaExceeded(
-            f"This sandbox already has {len(live)} terminals (limit {limit}).",
-            code="terminal_limit_reached",
+        terminal = Terminal(
+            manager=terminal_manager,
+            sandbox_id=sandbox.id,
+            organization_id=sandbox.organization_id,
+            pty=pty,
+            cols=cols,
+            rows=rows,
+            shell=shell,
         )
-    provider = provider_for(sandbox)
-    require_capability(provider, Capability.PTY)
-    cols, rows = clamp_size(cols, rows)
-    pty = provider.open_pty(
-        sandbox.provider_id, cols=cols, rows=rows, shell=shell or None, cwd=cwd, env=env
-    )
-    terminal = Terminal(
-        manager=terminal_manager,
-        sandbox_id=sandbox.id,
-        organization_id=sandbox.organization_id,
-        pty=pty,
-        cols=cols,
-        rows=rows,
-        shell=shell,
-    )
-    terminal_manager.add(terminal)
+        terminal_manager.add(terminal)
     sandbox_touch_id(sandbox.id)
     return terminal
+
+
+def terminals_for_sandbox(*, sandbox: Sandbox) -> list[Terminal]:
+    """This process's terminals of the sandbox, oldest first (free: runs nothing)."""
+    return terminal_manager.for_sandbox(sandbox.id)
 
 
 def terminal_get(*, sandbox: Sandbox, terminal_id: str) -> Terminal:
@@ -464,24 +124,107 @@ def terminal_get(*, sandbox: Sandbox, terminal_id: str) -> Terminal:
     return terminal
 
 
-def terminal_kill(*, sandbox: Sandbox, terminal_id: str) -> None:
-    """Kill the shell and its process tree; attached sockets get {"type": "exit"}."""
-    terminal_manager.remove(terminal_get(sandbox=sandbox, terminal_id=terminal_id))
-
-
-def terminal_resize(*, sandbox: Sandbox, terminal_id: str, cols: int, rows: int) -> Terminal:
+def terminal_kill(*, caller: Caller, sandbox: Sandbox, terminal_id: str) -> None:
+    """Kill the shell and its process tree; attached sockets get {"type": "exit"}. Never
+    refused by billing (stopping), counted only while billing would allow it."""
     terminal = terminal_get(sandbox=sandbox, terminal_id=terminal_id)
-    if terminal.ended:
-        raise Conflict("The terminal has ended.", code="terminal_ended")
-    cols, rows = clamp_size(cols, rows)
-    terminal.pty.resize(cols, rows)
-    terminal.cols, terminal.rows = cols, rows
+    with metered(
+        caller, feature="terminal", operation="terminal.kill", scope="terminal", teardown=True
+    ):
+        terminal_manager.remove(terminal)
+
+
+def terminal_resize(
+    *, caller: Caller, sandbox: Sandbox, terminal_id: str, cols: int, rows: int
+) -> Terminal:
+    """Resize a terminal's PTY (counted once). Conflict 'terminal_ended' once it ended."""
+    terminal = terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+    with metered(caller, feature="terminal", operation="terminal.resize", scope="terminal"):
+        if terminal.ended:
+            raise Conflict("The terminal has ended.", code="terminal_ended")
+        cols, rows = clamp_size(cols, rows)
+        terminal.pty.resize(cols, rows)
+        terminal.cols, terminal.rows = cols, rows
     return terminal
 
 
-def terminals_close_for_sandbox(sandbox_id: str) -> int:
-    """Kill every terminal of a sandbox in this process (destroy/reap). Returns how many."""
-    terminals = terminal_manager.for_sandbox(sandbox_id)
-    for terminal in terminals:
-        terminal_manager.remove(terminal)
-    return len(terminals)
+# --- typing into a terminal over a WebSocket -------------------------------------------------
+
+
+def count_enters(data: bytes) -> int:
+    """Each Enter counts one execution; a pasted CRLF is one Enter, not two."""
+    return data.count(b"\r") + data.count(b"\n") - data.count(b"\r\n")
+
+
+class TerminalMeter:
+    """The terminal counting rule: in each started window of METER_WINDOW_S in which input
+    arrived, max(1, Enters in that window) executions."""
+
+    def __init__(self) -> None:
+        self._started = meter_clock()
+        self._window = -1
+        self._enters = 0
+        self._charged = 0
+
+    def input(self, data: bytes) -> int:
+        """Executions newly due for this input (0 or more)."""
+        window = int((meter_clock() - self._started) // METER_WINDOW_S)
+        if window != self._window:
+            self._window, self._enters, self._charged = window, 0, 0
+        self._enters += count_enters(data)
+        due = max(1, self._enters) - self._charged
+        self._charged += due
+        return due
+
+
+class TerminalSession:
+    """One socket typing into one terminal, on the caller's account.
+
+    `write` is the keystroke path: it runs on the event loop, writes the PTY and counts what
+    the input makes due, without touching the database. `flush` records the due executions
+    (each under its own event id, so a retried flush never counts one twice) and then checks
+    that the next input is still allowed; it is synchronous, for a thread."""
+
+    def __init__(self, caller: Caller, terminal: Terminal) -> None:
+        self.caller = caller
+        self.terminal = terminal
+        self._meter = TerminalMeter()
+        self._meter_id = uuid.uuid4().hex
+        self._due = 0
+        self._seq = 0
+
+    @property
+    def pending(self) -> int:
+        """Executions typed but not recorded yet."""
+        return self._due
+
+    def write(self, data: bytes) -> None:
+        self.terminal.write(data)
+        self._due += self._meter.input(data)
+
+    def take(self) -> tuple[int, int]:
+        """Claim the due executions for one flush, on the loop: (first sequence, count)."""
+        count, self._due = self._due, 0
+        first = self._seq
+        self._seq += count
+        return first, count
+
+    def flush(self, first: int, count: int, *, authorize: bool = True) -> None:
+        """Record `count` executions from sequence `first` (from `take`), then raise
+        PaymentRequired if typing more is no longer allowed (unless `authorize` is False:
+        the socket is closing)."""
+        for seq in range(first, first + count):
+            billing_record(self.caller, "terminal.line", f"term:{self._meter_id}:{seq}")
+        if authorize:
+            billing_authorize(self.caller, "terminal")
+
+
+def terminal_attach(
+    *, caller: Caller, sandbox: Sandbox, terminal_id: str
+) -> TerminalSession | None:
+    """A session typing into the terminal for `caller` (opening it runs nothing and is not
+    counted); None when this process holds no such terminal."""
+    terminal = terminal_manager.get(sandbox.id, terminal_id)
+    if terminal is None:
+        return None
+    return TerminalSession(caller, terminal)

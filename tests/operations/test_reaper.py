@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from sandboxes import operations
+from sandboxes.caller import PLATFORM
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import get_provider
 from sandboxes.services import sandbox_destroy, sandbox_process_start, sandbox_touch_id
@@ -42,7 +43,7 @@ def test_idle_sandbox_is_reaped_and_active_ones_are_kept(make_sandbox):
 
 def test_running_user_process_counts_as_activity(make_sandbox):
     busy = make_sandbox(idle_s=600, timeout_s=60)
-    sandbox_process_start(sandbox=busy, command="sleep 300")
+    sandbox_process_start(caller=PLATFORM, sandbox=busy, command="sleep 300")
     Sandbox.objects.filter(pk=busy.pk).update(
         last_activity_at=timezone.now() - timedelta(seconds=600)
     )
@@ -57,7 +58,7 @@ def test_running_user_process_counts_as_activity(make_sandbox):
 
 def test_max_lifetime_is_reaped_even_when_active(make_sandbox):
     old = make_sandbox(timeout_s=3600)
-    sandbox_process_start(sandbox=old, command="sleep 300")
+    sandbox_process_start(caller=PLATFORM, sandbox=old, command="sleep 300")
     Sandbox.objects.filter(pk=old.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
     report = operations.reap_sandboxes()

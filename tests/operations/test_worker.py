@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from playground import metrics
 from sandboxes import tasks
+from sandboxes.caller import PLATFORM
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import get_provider
 from sandboxes.providers.base import SandboxSpec
@@ -103,7 +104,7 @@ def test_worker_reaps_idle_local_and_docker_sandboxes_and_keeps_active_ones(work
     idle_docker = make_sandbox("docker", idle_s=120, timeout_s=60)
     recent = make_sandbox("local", idle_s=10, timeout_s=60)
     busy = make_sandbox("docker", idle_s=600, timeout_s=60)
-    sandbox_process_start(sandbox=busy, command="sleep 300")
+    sandbox_process_start(caller=PLATFORM, sandbox=busy, command="sleep 300")
     Sandbox.objects.filter(pk=busy.pk).update(
         last_activity_at=timezone.now() - timedelta(seconds=600)
     )
