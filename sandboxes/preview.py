@@ -42,11 +42,21 @@ from asgiref.sync import sync_to_async
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from django.conf import settings
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from . import services
-from .models import SandboxState
-from .providers.base import InvalidRequest, PortStream, ProviderError
-from .realtime import RealtimeDenied, realtime_authorize, realtime_record
+from playground.errors import PaymentRequired
+
+from .caller import Caller
+from .models import Sandbox
+from .realtime.auth import WS_PAYMENT_REQUIRED, RealtimeDenied, realtime_authorize
+from .streaming import (
+    InvalidRequest,
+    PortStream,
+    ProviderError,
+    sandbox_port_open,
+    sandbox_port_websocket_opened,
+)
 from .terminals import terminal_manager
 
 logger = logging.getLogger(__name__)
@@ -238,10 +248,13 @@ def _cross_site_unsafe(scope: dict[str, Any], header_map: dict[str, str]) -> boo
     return origin == "null" or urlsplit(origin).netloc != header_map.get("host", "")
 
 
-def _exempt_subresource(principal: Any, header_map: dict[str, str]) -> bool:
+def _exempt_subresource(caller: Caller, header_map: dict[str, str]) -> bool:
     """A same-origin subresource of a member's browser session. Sec-Fetch-* are forbidden
     header names, so page scripts cannot set them; a program can, so API keys and tokens
     never get this."""
+    principal = caller.principal
+    if principal is None:
+        return False
     session = principal.user is not None and principal.token is None and principal.api_key is None
     return (
         session
@@ -270,7 +283,7 @@ class _Upstream:
             await sync_to_async(self.stream.close, thread_sensitive=False)()
 
 
-async def _authorize(scope: dict[str, Any], sandbox_id: str) -> tuple[Any, Any]:
+async def _authorize(scope: dict[str, Any], sandbox_id: str) -> tuple[Caller, Sandbox]:
     return await database_sync_to_async(realtime_authorize)(
         scope,
         sandbox_id=sandbox_id,
@@ -280,13 +293,10 @@ async def _authorize(scope: dict[str, Any], sandbox_id: str) -> tuple[Any, Any]:
     )
 
 
-async def _open_port(sandbox: Any, port: int) -> _Upstream:
-    if sandbox.state != SandboxState.RUNNING:
-        raise ProviderError(f"Sandbox {sandbox.id} is {sandbox.state}, not running.")
-    provider = services.provider_for(sandbox)
-    stream = await sync_to_async(provider.connect_port, thread_sensitive=False)(
-        sandbox.provider_id, port
-    )
+async def _open_port(
+    caller: Caller, sandbox: Sandbox, port: int, operation: str | None
+) -> _Upstream:
+    stream = await sandbox_port_open(caller=caller, sandbox=sandbox, port=port, operation=operation)
     return _Upstream(stream)
 
 
@@ -328,7 +338,7 @@ class PreviewHttpProxy:
             await send({"type": "http.response.body", "body": b""})
             return
         try:
-            principal, sandbox = await _authorize(scope, sandbox_id)
+            caller, sandbox = await _authorize(scope, sandbox_id)
         except RealtimeDenied as denied:
             await _send_json(send, denied.http_status, denied.code, denied.message)
             return
@@ -347,17 +357,19 @@ class PreviewHttpProxy:
                 "own origin; send ?token= or an Authorization header.",
             )
             return
+        # Counted once connected, before the answer leaves; one exemption (_exempt_subresource).
+        operation = None if _exempt_subresource(caller, header_map) else "ports.request"
         try:
-            upstream = await _open_port(sandbox, port)
+            upstream = await _open_port(caller, sandbox, port, operation)
         except InvalidRequest as exc:
             await _send_json(send, 502, "port_not_listening", exc.message)
             return
         except ProviderError as exc:
             await _send_json(send, 502, exc.code, exc.message)
             return
-        if not _exempt_subresource(principal, header_map):
-            # Awaited, not fire-and-forget: a request is counted before its answer leaves.
-            await database_sync_to_async(realtime_record)(principal, "ports.request")
+        except PaymentRequired as exc:  # the plan changed since this request was admitted
+            await _send_json(send, exc.status_code, exc.code, exc.message)
+            return
         try:
             await self._relay(
                 scope, receive, send, upstream, rest, query, headers, prefix, port, set_cookie
@@ -535,9 +547,6 @@ class PreviewWebSocketProxy:
     validator and the session middleware of playground/asgi.py)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import ConnectionClosed, WebSocketException
-
         match = PREVIEW_PATH.match(scope["path"])
         if match is None:
             await send({"type": "websocket.close", "code": 4404})
@@ -548,14 +557,18 @@ class PreviewWebSocketProxy:
         if message["type"] != "websocket.connect":
             return
         try:
-            principal, sandbox = await _authorize(scope, sandbox_id)
-            upstream = await _open_port(sandbox, port)
+            caller, sandbox = await _authorize(scope, sandbox_id)
+            upstream = await _open_port(caller, sandbox, port, None)
         except RealtimeDenied as denied:
             await send({"type": "websocket.accept"})
             await send({"type": "websocket.close", "code": denied.close_code})
             return
         except ProviderError:
             await send({"type": "websocket.close", "code": 1011})
+            return
+        except PaymentRequired:  # the plan changed since this socket was admitted
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": WS_PAYMENT_REQUIRED})
             return
         query = [
             (k, v)
@@ -576,7 +589,7 @@ class PreviewWebSocketProxy:
             ) as ws:
                 await send({"type": "websocket.accept", "subprotocol": ws.subprotocol})
                 asyncio.ensure_future(
-                    database_sync_to_async(realtime_record)(principal, "ports.websocket")
+                    database_sync_to_async(sandbox_port_websocket_opened)(caller=caller)
                 )
 
                 async def downstream() -> None:

@@ -6,8 +6,10 @@ from typing import Any
 
 from django.urls import path, re_path
 
-from .consumers import ExecConsumer, SandboxEventsConsumer, TerminalConsumer
 from .preview import PreviewRouter, PreviewWebSocketProxy
+from .realtime.events import SandboxEventsConsumer
+from .realtime.exec import ExecConsumer
+from .realtime.terminal import TerminalConsumer
 
 websocket_urlpatterns: list[Any] = [
     path(

@@ -58,6 +58,7 @@ __all__ = [  # re-exported: interfaces import the door from here
     "ACTIVITY_WRITE_INTERVAL_S",
     "PLATFORM",
     "Caller",
+    "ProviderError",
     "sandbox_touch",
     "sandbox_touch_id",
 ]

@@ -189,11 +189,11 @@ def test_terminal_commands_without_enter_are_counted_per_started_minute(  # type
     from channels.testing import WebsocketCommunicator
 
     from playground.asgi import application
-    from sandboxes import consumers
+    from sandboxes import terminals
     from sandboxes.terminals import terminal_manager
 
     clock = [1000.0]
-    monkeypatch.setattr(consumers, "meter_clock", lambda: clock[0])
+    monkeypatch.setattr(terminals, "meter_clock", lambda: clock[0])
     created = api_a.post("/api/v1/sandboxes", {}, format="json")
     assert created.status_code == 201, created.content
     sandbox_id = created.json()["id"]

@@ -1,34 +1,22 @@
-"""Fan-out of sandbox events (status, ports, files) to WebSocket subscribers."""
+"""Who is on the other end of a socket (WebSocket consumers and the preview proxy)."""
 
 from __future__ import annotations
 
-import logging
+from types import SimpleNamespace
 from typing import Any
+from urllib.parse import parse_qs
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-
-logger = logging.getLogger(__name__)
-
-
-def sandbox_events_group(sandbox_id: str) -> str:
-    return f"sandbox-events.{sandbox_id}"
-
-
-def sandbox_event_broadcast(sandbox_id: str, event: dict[str, Any]) -> None:
-    """Send an event to everyone subscribed to the sandbox; never fails the caller."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(
-            sandbox_events_group(sandbox_id), {"type": "sandbox.event", "event": event}
-        )
-    except Exception:  # noqa: BLE001 - a broadcast must not break the operation
-        logger.warning("could not broadcast sandbox event", exc_info=True)
-
-
-# --- Who is on the other end of a socket (WebSocket consumers and the preview proxy) -----------
+from accounts.authentication import (
+    Principal,
+    principal_for_session_user,
+    principal_from_sandbox_token,
+)
+from accounts.services import API_KEY_PREFIX, api_key_authenticate
+from accounts.tokens import looks_like_jwt
+from playground.errors import NotFound, PaymentRequired
+from sandboxes.caller import Caller, billing_authorize
+from sandboxes.models import Sandbox
+from sandboxes.selectors import sandbox_get_for_principal
 
 WS_AUTH_FAILED = 4401
 WS_PAYMENT_REQUIRED = 4402
@@ -51,18 +39,16 @@ class RealtimeDenied(Exception):
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
     for key, value in scope.get("headers") or ():
         if key.lower() == name:
-            return value.decode("latin-1")
+            return str(value.decode("latin-1"))
     return None
 
 
 def _query_param(scope: dict[str, Any], name: str) -> str | None:
-    from urllib.parse import parse_qs
-
     values = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get(name)
     return values[-1] if values else None
 
 
-def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = None) -> Any:
+def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = None) -> Principal:
     """Resolve the caller of an ASGI scope to a Principal (synchronous: ORM inside).
 
     Order: `?token=` sandbox JWT, then `Authorization: Bearer` (API key or JWT), then
@@ -70,15 +56,6 @@ def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = No
     A credential that is presented but invalid is refused (never falls through to the
     next one). Raises RealtimeDenied(4401) when there is no valid credential.
     """
-    from types import SimpleNamespace
-
-    from accounts.authentication import (
-        Principal,
-        principal_for_session_user,
-        principal_from_sandbox_token,
-    )
-    from accounts.services import API_KEY_PREFIX, api_key_authenticate
-    from accounts.tokens import looks_like_jwt
 
     def denied(message: str) -> RealtimeDenied:
         return RealtimeDenied(WS_AUTH_FAILED, 401, "authentication_failed", message)
@@ -127,17 +104,13 @@ def realtime_authorize(
     required_scope: str | None,
     feature: str | None,
     cookie_token: str | None = None,
-) -> tuple[Any, Any]:
-    """Authenticate, apply tenancy, token scope and billing for a socket on one sandbox.
+) -> tuple[Caller, Sandbox]:
+    """Authenticate, apply tenancy and token scope, and admit a socket on one sandbox.
 
-    Returns (principal, sandbox). Raises RealtimeDenied: 4401 no/invalid credential,
-    4404 not this caller's sandbox (also another sandbox's token), 4403 token scope
-    missing, 4402 the plan does not allow `feature` (metering_authorize)."""
-    from billing.metering import metering_authorize
-    from playground.errors import NotFound, PaymentRequired
-
-    from .selectors import sandbox_get_for_principal
-
+    Returns (caller, sandbox). Raises RealtimeDenied: 4401 no/invalid credential, 4404 not
+    this caller's sandbox (also another sandbox's token), 4403 token scope missing, 4402 the
+    plan does not allow `feature` now. Admitting counts nothing: each operation on the
+    socket is counted by its service."""
     principal = principal_from_scope(scope, cookie_token=cookie_token)
     try:
         sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
@@ -147,21 +120,10 @@ def realtime_authorize(
         raise RealtimeDenied(
             WS_FORBIDDEN, 403, "scope_missing", f"This token lacks the '{required_scope}' scope."
         )
+    caller = Caller(principal)
     if feature:
         try:
-            metering_authorize(organization=principal.organization, feature=feature)
+            billing_authorize(caller, feature)
         except PaymentRequired as exc:
             raise RealtimeDenied(WS_PAYMENT_REQUIRED, 402, exc.code, exc.message) from None
-    return principal, sandbox
-
-
-def realtime_record(principal: Any, operation: str, event_id: str | None = None) -> None:
-    """Count one execution for a real-time operation (synchronous; call from a thread)."""
-    from billing.metering import metering_record
-
-    metering_record(
-        organization_id=principal.organization.pk,
-        api_key_id=principal.api_key.pk if principal.api_key else None,
-        operation=operation,
-        event_id=event_id,
-    )
+    return caller, sandbox

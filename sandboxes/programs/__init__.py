@@ -1,0 +1,1 @@
+"""Programs that run inside a sandbox (stdlib only: a bare image has nothing else)."""

@@ -1,0 +1,103 @@
+"""The base of the sandbox consumers: one ordered outbound queue, errors and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from .auth import RealtimeDenied
+
+NO_CHANNEL_LAYER = "__sandpit_none__"
+"""Alias of no configured layer: terminal and exec sockets need no layer channel (and no
+Redis connection each)."""
+MAX_SLOW_CLIENT_BYTES = 8 * 1024 * 1024
+"""A socket that falls this far behind the terminal is closed (1013) rather than buffered."""
+CLOSE = object()
+"""Queue marker: enqueue((CLOSE, code)) closes the socket after what is queued before it."""
+
+
+class OutboundConsumer(AsyncWebsocketConsumer):
+    """Sends go through a deque drained by one task: callbacks on the loop (PTY readers,
+    watchers) enqueue without awaiting, and frames keep their order."""
+
+    def init_outbound(self) -> None:
+        self._out: deque[Any] = deque()
+        self._out_bytes = 0
+        self._out_wakeup: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pump_task: asyncio.Task[None] | None = asyncio.ensure_future(self._pump())
+
+    def enqueue(self, item: Any) -> None:
+        """bytes → binary frame, dict → JSON text frame, (CLOSE, code) → close after the rest."""
+        if not hasattr(self, "_out"):
+            return
+        if isinstance(item, bytes):
+            if self._out and isinstance(self._out[-1], bytes):
+                self._out[-1] += item
+            else:
+                self._out.append(item)
+            self._out_bytes += len(item)
+            if self._out_bytes > MAX_SLOW_CLIENT_BYTES:
+                self._out.clear()
+                self._out.append({"type": "error", "code": "slow_client", "message": "Too slow."})
+                self._out.append((CLOSE, 1013))
+        else:
+            self._out.append(item)
+        waiter = self._out_wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._out:
+                self._out_wakeup = loop.create_future()
+                await self._out_wakeup
+                self._out_wakeup = None
+                continue
+            item = self._out.popleft()
+            if isinstance(item, bytes):
+                self._out_bytes -= len(item)
+                await self.send(bytes_data=item)
+            elif isinstance(item, tuple) and item and item[0] is CLOSE:
+                await self.close(code=item[1])
+                return
+            else:
+                await self.send(text_data=json.dumps(item))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run `coro` as a task of this socket (cancelled when it closes)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def stop_outbound(self) -> None:
+        for task in [getattr(self, "_pump_task", None), *getattr(self, "_tasks", ())]:
+            if task is not None:
+                task.cancel()
+
+    async def refuse(self, denied: RealtimeDenied) -> None:
+        await self.accept()
+        await self.send(
+            text_data=json.dumps({"type": "error", "code": denied.code, "message": denied.message})
+        )
+        await self.close(code=denied.close_code)
+
+    def error(self, code: str, message: str, **extra: Any) -> None:
+        self.enqueue({"type": "error", "code": code, "message": message, **extra})
+
+    def parse_json(self, text: str) -> dict[str, Any] | None:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            self.error("invalid_message", "Send a JSON object with a 'type'.")
+            return None
+        return message

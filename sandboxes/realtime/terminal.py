@@ -1,0 +1,133 @@
+"""/ws/sandboxes/<id>/terminals/<tid>: raw bytes both ways, JSON for control.
+
+The keystroke path: the socket's bytes go to TerminalSession.write (the PTY write and the
+count of what is due, no database), the shell's output comes back from the terminal's PTY
+reader as `terminal_output` and leaves through the outbound queue. Due executions are
+recorded by a flush about once a second, in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+
+from playground.errors import PaymentRequired
+from sandboxes.services import ProviderError
+from sandboxes.terminals import TerminalSession, clamp_size, terminal_attach
+
+from .auth import RealtimeDenied, realtime_authorize
+from .outbound import CLOSE, NO_CHANNEL_LAYER, OutboundConsumer
+
+logger = logging.getLogger(__name__)
+
+METER_FLUSH_S = 1.0
+"""How often typed executions are recorded (and the next ones re-authorized)."""
+
+
+class TerminalConsumer(OutboundConsumer):
+    """One socket attached to one terminal (a TerminalClient of the registry)."""
+
+    channel_layer_alias = NO_CHANNEL_LAYER
+
+    async def connect(self) -> None:
+        kwargs = self.scope["url_route"]["kwargs"]
+        sandbox_id, terminal_id = kwargs["sandbox_id"], kwargs["terminal_id"]
+        try:
+            caller, sandbox = await database_sync_to_async(realtime_authorize)(
+                self.scope, sandbox_id=sandbox_id, required_scope="terminal", feature="terminal"
+            )
+        except RealtimeDenied as denied:
+            await self.refuse(denied)
+            return
+        session = terminal_attach(caller=caller, sandbox=sandbox, terminal_id=terminal_id)
+        if session is None:
+            await self.refuse(
+                RealtimeDenied(
+                    4404,
+                    404,
+                    "terminal_not_found",
+                    "No such terminal (terminals live in the web process that created them).",
+                )
+            )
+            return
+        self.session: TerminalSession | None = session
+        await self.accept()
+        self.init_outbound()
+        terminal = session.terminal
+        replay = terminal.attach(self)
+        if replay:
+            self.enqueue(replay)
+        if terminal.ended:
+            self.terminal_exited(terminal.exit_code)
+            return
+        self.spawn(self._flush_loop())
+
+    # TerminalClient ---------------------------------------------------------------------------
+
+    def terminal_output(self, data: bytes) -> None:
+        self.enqueue(data)
+
+    def terminal_exited(self, code: int | None) -> None:
+        self.enqueue({"type": "exit", "code": code})
+        self.enqueue((CLOSE, 1000))
+
+    # input --------------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        session = getattr(self, "session", None)
+        if session is None:
+            return
+        if bytes_data is not None:
+            session.write(bytes_data)
+            return
+        message = self.parse_json(text_data or "")
+        if message is None:
+            return
+        kind = message["type"]
+        if kind == "input" and isinstance(message.get("data"), str):
+            session.write(message["data"].encode("utf-8", "surrogatepass"))
+        elif kind == "resize":
+            try:
+                cols, rows = clamp_size(int(message["cols"]), int(message["rows"]))
+            except (KeyError, TypeError, ValueError):
+                self.error("invalid_message", "resize needs integer 'cols' and 'rows'.")
+                return
+            try:
+                await session.terminal.resize(cols, rows)
+            except ProviderError as exc:
+                self.error(exc.code, exc.message)
+        elif kind == "ping":
+            self.enqueue({"type": "pong"})
+        else:
+            self.error("invalid_message", f"Unknown message type '{kind}'.")
+
+    # metering -----------------------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(METER_FLUSH_S)
+            if self.session is not None and self.session.pending:
+                try:
+                    await self._flush()
+                except PaymentRequired as exc:
+                    self.error(exc.code, exc.message)
+                    self.enqueue((CLOSE, 4402))
+                    return
+
+    async def _flush(self, authorize: bool = True) -> None:
+        assert self.session is not None
+        first, count = self.session.take()
+        await database_sync_to_async(self.session.flush)(first, count, authorize=authorize)
+
+    async def disconnect(self, code: int) -> None:
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.terminal.detach(self)
+        self.stop_outbound()
+        if session is not None and session.pending:
+            try:
+                await self._flush(authorize=False)
+            except Exception:  # noqa: BLE001 - never lose the disconnect over billing
+                logger.warning("could not record terminal lines", exc_info=True)
