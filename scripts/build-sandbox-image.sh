@@ -26,7 +26,9 @@ now_ms() { date +%s%3N; }
 t0=$(now_ms)
 
 pkg_hash=$(printf '%s %s' "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
-ctx_hash=$( (cd "$CONTEXT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; echo "$pkg_hash") \
+# The agent bundle is named by its content hash, so a changed agent changes the tag.
+agent_name=$(python3 "$ROOT/sandboxes/providers/agent_bundle.py" --name)
+ctx_hash=$( (cd "$CONTEXT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; echo "$pkg_hash $agent_name") \
     | sha256sum | cut -c1-12)
 TAG="$IMAGE:$ctx_hash"
 
@@ -85,6 +87,7 @@ fi
 build_dir=$(mktemp -d)
 trap 'rm -rf "$build_dir"' EXIT
 cp -a "$CONTEXT/." "$build_dir/"
+python3 "$ROOT/sandboxes/providers/agent_bundle.py" "$build_dir" >/dev/null
 if ! "${CC:-gcc}" -static -O2 -Wall -Werror -o "$build_dir/sandpit-run" "$CONTEXT/sandpit-run.c" \
     >"$build_dir/cc.log" 2>&1; then
     say "compiling sandpit-run.c failed (is libc6-dev installed for -static?):"

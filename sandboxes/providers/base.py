@@ -214,6 +214,20 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class ExecEvent:
+    """One event of a streamed command (`SandboxProvider.exec_stream`)."""
+
+    type: str
+    """'stdout', 'stderr' or 'exit' (always the last)."""
+    data: bytes = b""
+    """Output bytes, for 'stdout' and 'stderr'."""
+    exit_code: int | None = None
+    """For 'exit': as ExecResult.exit_code; None when the sandbox went away first."""
+    timed_out: bool = False
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class FileEntry:
     name: str
     path: str
@@ -305,6 +319,35 @@ class PtySession(Protocol):
         ...
 
 
+class ExecStream(Protocol):
+    """A running command whose output arrives as it is written, stdout and stderr apart.
+
+    `fileno()` becomes readable when `read_events()` has something (register it with an
+    asyncio loop); closing the stream kills the command's process tree."""
+
+    pid: int
+    """The command's pid inside the sandbox."""
+
+    def fileno(self) -> int: ...
+
+    def read_events(self) -> list[ExecEvent]:
+        """What has arrived (non-blocking); raises BlockingIOError when nothing has. The
+        last event is 'exit'; after it, []."""
+        ...
+
+    def write_stdin(self, data: bytes) -> None: ...
+
+    def close_stdin(self) -> None: ...
+
+    def signal(self, signal: int) -> None:
+        """Send `signal` to the command's process group."""
+        ...
+
+    def close(self) -> None:
+        """Kill the command's process tree; idempotent."""
+        ...
+
+
 class PortStream(Protocol):
     """A connected byte stream to a TCP port inside the sandbox (for previews).
 
@@ -363,6 +406,12 @@ class SandboxProvider(Protocol):
 
     # execution
     def exec(self, provider_id: str, request: ExecRequest) -> ExecResult: ...
+
+    def exec_stream(self, provider_id: str, request: ExecRequest) -> ExecStream:
+        """Start `request` and stream it (see ExecStream). `request.stdin`, when given, is
+        written first; `timeout_s` kills the tree (exit event with timed_out);
+        `max_output_bytes` does not apply."""
+        ...
 
     def run_code(
         self,

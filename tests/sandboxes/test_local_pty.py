@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.providers import agent_client as wire
+from sandboxes.providers.agent_client import AgentPtySession, AgentRelayPtySession
 from sandboxes.providers.base import ExecRequest, ProviderError, SandboxGone, SandboxSpec
-from sandboxes.providers.local import LocalPtySession, LocalRelayPtySession, wire
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
@@ -32,7 +33,7 @@ def sandbox(local_provider) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def term(local_provider, sandbox) -> Iterator[LocalPtySession]:  # type: ignore[no-untyped-def]
+def term(local_provider, sandbox) -> Iterator[AgentPtySession]:  # type: ignore[no-untyped-def]
     session = local_provider.open_pty(sandbox, cols=80, rows=24)
     yield session
     session.close()
@@ -81,7 +82,7 @@ def own_fds() -> set[str]:
 
 
 def test_the_host_holds_the_pty_master_close_on_exec(term):
-    assert isinstance(term, LocalPtySession)
+    assert isinstance(term, AgentPtySession)
     fd = term.fileno()
     assert os.isatty(fd)
     assert not os.get_inheritable(fd)  # never reaches the host's children
@@ -221,7 +222,7 @@ def test_the_relay_still_works_without_fd_passing(local_provider, sandbox):
     reply, fd = wire.pty_reply(sock)
     assert fd is None and reply["mode"] == "relay"
     sock.setblocking(False)
-    session = LocalRelayPtySession(
+    session = AgentRelayPtySession(
         lambda req: local_provider._call(sandbox, req), sock, int(reply["pid"])
     )
     try:

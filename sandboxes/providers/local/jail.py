@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes.providers import agent_bundle
 from sandboxes.providers.base import Resources
 from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
-JAIL_AGENT = "/opt/sandpit/agent.py"
+JAIL_AGENT = "/opt/sandpit/agent.pyz"
 JAIL_SOCKET = "/run/sandpit/agent.sock"
 JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MIB = 1024 * 1024
@@ -352,14 +352,8 @@ def write_shared_etc(etc_dir: Path) -> None:
 
 
 def install_agent(target: Path) -> None:
-    """Copy the agent where every jail uid may read it (the source tree may not be)."""
-    data = AGENT_SOURCE.read_bytes()
-    if target.exists() and target.read_bytes() == data:
-        return
-    tmp = target.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
+    """Copy the agent bundle where every jail uid may read it (the source tree may not be)."""
+    agent_bundle.install(target)
 
 
 def bwrap_argv(

@@ -6,7 +6,7 @@ environment and a pool name, ``warm-<owner pid>-<owner start ticks>-<random>``.
 Claiming it (LocalProvider._adopt) rewrites its cgroup limits, resizes its
 tmpfs, writes the sandbox's environment and rlimits on a pipe only this
 process holds (the agent applies them before its first request: see
-``await_config`` in agent.py), renames its directory to the sandbox id and
+``await_config`` in sandboxes/agent/server.py), renames its directory to the sandbox id and
 rewrites state.json. Afterwards nothing tells it from a jail started cold.
 
 Ownership: each process has its own pool and records itself, in the directory

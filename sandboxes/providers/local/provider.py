@@ -1,6 +1,6 @@
 """LocalProvider: sandboxes as long-lived bubblewrap jails on this host.
 
-Each sandbox is one bwrap jail whose PID 1 is a small agent (agent.py)
+Each sandbox is one bwrap jail whose PID 1 is the in-sandbox agent (sandboxes/agent/)
 listening on a Unix socket in ``root_dir/<id>/run``. Commands, background
 processes, terminals and port streams go through the agent; file operations
 and watches run host-side on the workspace directory (see files.py), which is
@@ -31,6 +31,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sandboxes.providers import agent_client as wire
+from sandboxes.providers.agent_client import (
+    AgentExecStream,
+    AgentPortStream,
+    AgentPtySession,
+    AgentRelayPtySession,
+)
 from sandboxes.providers.base import (
     Capability,
     CapabilityNotSupported,
@@ -50,17 +57,12 @@ from sandboxes.providers.base import (
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import jail, net, volume, wire
+from sandboxes.providers.local import jail, net, volume
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.watch import WorkspaceWatch
-from sandboxes.providers.local.wire import (
-    LocalPortStream,
-    LocalPtySession,
-    LocalRelayPtySession,
-)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _INLINE_CODE_BYTES = 100_000
@@ -112,7 +114,7 @@ class LocalProvider:
         self._shared_etc = shared / "etc"
         jail.write_shared_etc(self._shared_etc)
         os.chmod(self._shared_etc, 0o755)  # noqa: S103 - files every jail reads
-        self._agent_path = shared / "agent.py"
+        self._agent_path = shared / "agent.pyz"
         jail.install_agent(self._agent_path)
         self._identities = HostIdentities(shared / "uids", host_uid_base, host_uid_count)
         if self._identities.switching:
@@ -685,6 +687,35 @@ class LocalProvider:
             oom_killed=oom,
         )
 
+    def exec_stream(self, provider_id: str, request: ExecRequest) -> AgentExecStream:
+        """Start a command and stream its output (see base.ExecStream)."""
+        argv = (
+            ["/bin/sh", "-c", request.command]
+            if request.args is None
+            else [request.command, *request.args]
+        )
+        if any("\x00" in a for a in argv):
+            raise InvalidRequest("command contains a NUL byte")
+        env = {str(k): str(v) for k, v in request.env.items()}
+        _check_env(env)
+        if request.timeout_s <= 0:
+            raise InvalidRequest("timeout_s must be positive")
+        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+        try:
+            sock.sendall(
+                wire.exec_stream_request(argv, _jail_cwd(request.cwd), env, request.timeout_s)
+            )
+            reply = wire.reply(sock)
+            stream = AgentExecStream(sock, int(reply["pid"]))
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, (OSError, ValueError, KeyError)):
+                raise self._lost(provider_id, exc) from None
+            raise
+        if request.stdin:
+            stream.write_stdin(request.stdin)
+        return stream
+
     def run_code(
         self,
         provider_id: str,
@@ -786,7 +817,7 @@ class LocalProvider:
         shell: str | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> LocalPtySession | LocalRelayPtySession:
+    ) -> AgentPtySession | AgentRelayPtySession:
         """A terminal inside the jail. The agent creates the PTY and the shell in the jail
         and passes the PTY master to us, so keystrokes and output skip the agent;
         fileno() is that master (non-blocking). If the descriptor cannot be passed the
@@ -816,12 +847,12 @@ class LocalProvider:
             if reply.get("mode") == "fd":
                 if master is None:
                     raise ProviderError("the sandbox agent did not pass the terminal")
-                return LocalPtySession(master, sock, pid)
+                return AgentPtySession(master, sock, pid)
             if master is not None:  # a relay needs no descriptor
                 os.close(master)
                 master = None
             sock.setblocking(False)
-            return LocalRelayPtySession(lambda req: self._call(provider_id, req), sock, pid)
+            return AgentRelayPtySession(lambda req: self._call(provider_id, req), sock, pid)
         except BaseException as exc:
             sock.close()
             if master is not None:
@@ -835,7 +866,7 @@ class LocalProvider:
         reply = self._call(provider_id, {"op": "ports"})
         return [OpenPort(port=int(p["port"]), address=str(p["address"])) for p in reply["ports"]]
 
-    def connect_port(self, provider_id: str, port: int) -> LocalPortStream:
+    def connect_port(self, provider_id: str, port: int) -> AgentPortStream:
         """A byte stream to 127.0.0.1:port inside the jail, spliced by the agent."""
         sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
         try:
@@ -845,7 +876,7 @@ class LocalProvider:
             sock.close()
             raise
         sock.settimeout(None)
-        return LocalPortStream(sock)
+        return AgentPortStream(sock)
 
     def watch(
         self, provider_id: str, path: str, recursive: bool = True

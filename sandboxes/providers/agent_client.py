@@ -1,4 +1,5 @@
-"""The host end of the agent protocol: reply parsing, terminal and port-stream sessions.
+"""The host end of the agent protocol (sandboxes/agent/): reply parsing, and the
+terminal, port-stream and streamed-command sessions every agent-backed provider returns.
 
 Everything the agent sends is treated as untrusted (the sandbox's own code can
 replace the agent): lines and payloads are bounded, replies must be JSON objects.
@@ -18,8 +19,12 @@ import time
 from collections.abc import Callable
 
 from sandboxes.providers.base import (
+    ExecEvent,
+    FileConflict,
     FileNotFound,
+    FileTooLarge,
     InvalidRequest,
+    PathNotAllowed,
     ProcessNotFound,
     ProviderError,
     ResourceExhausted,
@@ -28,10 +33,15 @@ from sandboxes.providers.base import (
 
 _ERRORS: dict[str, type[ProviderError]] = {
     "file_not_found": FileNotFound,
+    "path_not_allowed": PathNotAllowed,
+    "file_conflict": FileConflict,
+    "file_too_large": FileTooLarge,
     "process_not_found": ProcessNotFound,
     "invalid_request": InvalidRequest,
     "resource_exhausted": ResourceExhausted,
 }
+_MAX_STREAM_FRAME = 1 << 20
+"""The agent sends at most 64 KiB per output frame; anything larger is not our agent."""
 _MAX_REPLY_LINE = 4 * 1024 * 1024
 PTY_WRITE_TIMEOUT_S = 10.0
 """How long a terminal write may wait for the shell to take its input (as docker's)."""
@@ -148,7 +158,7 @@ def check_pty_master(fd: int) -> None:
         ) from None
 
 
-class LocalPtySession:
+class AgentPtySession:
     """A terminal inside the jail whose PTY master the host holds (passed by the agent).
 
     The shell, its controlling terminal and the PTY's devpts all live inside the jail;
@@ -285,7 +295,7 @@ def _status_code(line: bytes) -> int:
     return code if isinstance(code, int) and not isinstance(code, bool) else -9
 
 
-class LocalRelayPtySession:
+class AgentRelayPtySession:
     """A terminal whose bytes the agent relays over its connection: the fallback when
     the PTY master could not be passed to the host."""
 
@@ -349,7 +359,7 @@ class LocalRelayPtySession:
             self._sock.close()
 
 
-class LocalPortStream:
+class AgentPortStream:
     """A TCP connection inside the jail, relayed by the agent over a Unix socket."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -366,3 +376,112 @@ class LocalPortStream:
 
     def close(self) -> None:
         self._sock.close()
+
+
+class AgentExecStream:
+    """A command started by the agent's ``exec_stream``: frames over its connection
+    (see sandboxes/agent/execute.py). Closing the connection kills the command's tree."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self.pid = pid
+        self._inbox = bytearray()
+        self._ended = False
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read_events(self) -> list[ExecEvent]:
+        """What has arrived (non-blocking): raises BlockingIOError when nothing has; the
+        last event is ``exit`` (with ``exit_code`` None when the agent went away)."""
+        if self._ended:
+            return []
+        try:
+            data = self._sock.recv(262144)
+        except BlockingIOError:
+            raise
+        except OSError:
+            data = b""
+        if not data:
+            self._ended = True
+            return [ExecEvent("exit")]
+        self._inbox += data
+        events: list[ExecEvent] = []
+        while len(self._inbox) >= 5:
+            size = int.from_bytes(self._inbox[1:5], "big")
+            if size > _MAX_STREAM_FRAME:
+                self._ended = True
+                return [*events, ExecEvent("exit")]
+            if len(self._inbox) < 5 + size:
+                break
+            kind = bytes(self._inbox[:1])
+            payload = bytes(self._inbox[5 : 5 + size])
+            del self._inbox[: 5 + size]
+            if kind == b"O":
+                events.append(ExecEvent("stdout", payload))
+            elif kind == b"E":
+                events.append(ExecEvent("stderr", payload))
+            elif kind == b"X":
+                self._ended = True
+                events.append(_exit_event(payload))
+                break
+        return events
+
+    def _send(self, kind: bytes, payload: bytes = b"") -> None:
+        if self._ended:
+            return
+        data = memoryview(kind + len(payload).to_bytes(4, "big") + payload)
+        deadline = time.monotonic() + PTY_WRITE_TIMEOUT_S
+        while data:
+            try:
+                data = data[self._sock.send(data) :]
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ProviderError("the command is not accepting input") from None
+                poller = select.poll()
+                poller.register(self._sock.fileno(), select.POLLOUT)
+                poller.poll(50)
+            except OSError:
+                return  # the command has ended; its exit event tells the rest
+
+    def write_stdin(self, data: bytes) -> None:
+        for start in range(0, len(data), 65536):
+            self._send(b"I", data[start : start + 65536])
+
+    def close_stdin(self) -> None:
+        self._send(b"C")
+
+    def signal(self, signal: int) -> None:
+        self._send(b"K", str(int(signal)).encode())
+
+    def close(self) -> None:
+        """Kill the command's process tree (the agent does it when we hang up)."""
+        self._ended = True
+        self._sock.close()
+
+
+def _exit_event(payload: bytes) -> ExecEvent:
+    try:
+        body = json.loads(payload)
+        code = body.get("exit_code")
+        return ExecEvent(
+            "exit",
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            timed_out=bool(body.get("timed_out")),
+            duration_ms=float(body.get("duration_ms") or 0.0),
+        )
+    except (ValueError, AttributeError, TypeError):
+        return ExecEvent("exit")
+
+
+def exec_stream_request(
+    argv: list[str], cwd: str | None, env: dict[str, str], timeout_s: float | None
+) -> bytes:
+    """The ``exec_stream`` request line."""
+    return (
+        json.dumps(
+            {"op": "exec_stream", "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s}
+        ).encode()
+        + b"\n"
+    )

@@ -1,0 +1,206 @@
+"""The agent's entry point: configuration, the request loop, and the relay mode.
+
+Started as ``python3 -I -S agent.pyz CONFIG_JSON`` (see sandboxes/agent/__init__.py),
+one thread per connection, one request per connection.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import os
+import resource
+import sys
+import time
+
+from . import PROTOCOL, execute, files, ports, procs, terminal
+from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
+from .wire import CHUNK, AgentError, json_loads, read_line, recv_exact, send_line, socket, try_send
+
+CONFIG_LOCK = _thread.allocate_lock()
+RELAY_CONNECT_S = 15.0
+
+
+def await_config() -> None:
+    """In a warm jail, wait for the configuration of the sandbox that claimed it.
+
+    A warm jail starts with default rlimits and no sandbox environment, and a
+    ``config_fd`` pipe whose write end only the provider holds. Claiming the jail
+    writes ``{"env": ..., "rlimits": ...}`` there and closes it, before any request
+    can arrive; the first request applies it. Code in the jail cannot reach the
+    pipe (it is read and closed before anything runs), so it cannot change its
+    own limits. EOF without data (the owner died unclaimed) keeps the defaults; a
+    malformed configuration ends the jail rather than run it with the wrong limits.
+    """
+    if CONFIG.get("config_fd") is None:
+        return
+    with CONFIG_LOCK:
+        fd = CONFIG.get("config_fd")
+        if fd is None:
+            return
+        chunks = []
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(fd)
+        if chunks:
+            try:
+                config = json_loads(b"".join(chunks).decode())
+                env = config["env"]
+                rlimits = config["rlimits"]
+                if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                    raise ValueError("env must map strings to strings")
+                for name, value in rlimits.items():
+                    if not (name.startswith("RLIMIT_") and hasattr(resource, name)):
+                        raise ValueError(f"unknown rlimit {name}")
+                    if not isinstance(value, int):
+                        raise ValueError(f"rlimit {name} must be an integer")
+            except Exception as exc:  # noqa: BLE001 - any flaw is fatal, see above
+                os.write(2, f"sandpit agent: bad configuration: {exc!r}\n".encode())
+                os._exit(70)
+            os.environ.update(env)
+            CONFIG["rlimits"] = rlimits
+        limit_self()
+        CONFIG["config_fd"] = None
+
+
+def op_ping(conn: socket.socket, req: dict) -> None:
+    send_line(conn, {"ok": True, "pid": os.getpid(), "protocol": PROTOCOL})
+
+
+OPS = {
+    "exec_stream": execute.op_exec_stream,
+    "start": procs.op_start,
+    "list": procs.op_list,
+    "signal": procs.op_signal,
+    "pty": terminal.op_pty,
+    "pty_resize": terminal.op_pty_resize,
+    "pty_status": terminal.op_pty_status,
+    "ports": ports.op_ports,
+    "connect": ports.op_connect,
+    "ping": op_ping,
+    **files.OPS,
+}
+
+
+def handle(conn: socket.socket) -> None:
+    try:
+        await_config()
+        line, rest = read_line(conn)
+        req = json_loads(line.decode("utf-8", "surrogateescape"))
+        if not isinstance(req, dict):
+            raise AgentError("invalid_request", "request must be an object")
+        name = req.get("op")
+        if name in ("exec", "write"):  # followed by a body of `stdin_len` / `size` bytes
+            n = int(req.get("stdin_len" if name == "exec" else "size", 0))
+            if n < 0:
+                raise AgentError("invalid_request", "negative body length")
+            body = rest[:n] + (recv_exact(conn, n - len(rest)) if n > len(rest) else b"")
+            (execute.op_exec if name == "exec" else files.op_write)(conn, req, body)
+            return
+        op = OPS.get(name)
+        if op is None:
+            raise AgentError("invalid_request", f"unknown op {name!r}")
+        if rest:
+            conn = _Prefixed(conn, rest)
+        op(conn, req)
+    except AgentError as exc:
+        try_send(conn, {"ok": False, "error": exc.code, "message": exc.message})
+    except BlockingIOError as exc:
+        try_send(conn, {"ok": False, "error": "resource_exhausted", "message": str(exc)})
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except OSError as exc:
+        code = files.OS_CODES.get(exc.errno or 0, "agent_error")
+        try_send(
+            conn, {"ok": False, "error": code, "message": f"{exc.strerror}: {exc.filename or ''}"}
+        )
+    except Exception as exc:  # noqa: BLE001 - the agent must survive any request
+        try_send(conn, {"ok": False, "error": "agent_error", "message": repr(exc)})
+    finally:
+        conn.close()
+
+
+class _Prefixed:
+    """A connection whose first bytes were already read with the request line (a client
+    that sends input right behind an ``exec_stream`` request)."""
+
+    def __init__(self, conn: socket.socket, rest: bytes) -> None:
+        self._conn = conn
+        self._rest = rest
+
+    def recv(self, n: int) -> bytes:
+        if self._rest:
+            data, self._rest = self._rest[:n], self._rest[n:]
+            return data
+        return self._conn.recv(n)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+def relay(path: str) -> None:
+    """``--relay SOCKET``: splice stdin/stdout to the agent's socket, for one connection.
+
+    How a host reaches the agent when it cannot reach the socket itself (a remote Docker
+    engine, or a runtime that does not pass Unix sockets through bind mounts): it runs
+    this through ``docker exec`` and speaks the protocol over the exec's streams."""
+    deadline = time.monotonic() + RELAY_CONNECT_S
+    while True:  # the agent may still be starting (the first call after create)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            conn.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
+    ports.splice_fds(conn, 0, 1)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--relay"]:
+        relay(sys.argv[2])
+        return
+    CONFIG.update(json_loads(sys.argv[1]))
+    reset_inherited_signals()  # before any thread starts: they inherit the mask
+    if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
+        limit_self()
+    # No handlers for SIGTERM & co: as PID 1 without handlers the user's code
+    # cannot signal the agent; the host kills the jail with SIGKILL.
+    path = CONFIG["socket"]
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    if CONFIG.get("socket_mode") is not None:  # the host may run as another uid
+        os.chmod(path, int(CONFIG["socket_mode"]))
+    server.listen(128)
+    _thread.start_new_thread(REAPER.run, ())
+    if CONFIG.get("config_fd") is not None:  # nothing the jail runs may inherit it
+        os.set_inheritable(CONFIG["config_fd"], False)
+    ready_fd = CONFIG.get("ready_fd")
+    if ready_fd is not None:
+        os.write(ready_fd, b"ready\n")
+        os.close(ready_fd)
+    while True:
+        try:
+            fd, _ = server._accept()
+        except InterruptedError:
+            continue
+        except OSError as exc:  # out of fds (its limit is the sandbox's): wait, do not die
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise
+            time.sleep(0.05)
+            continue
+        conn = socket.socket(fileno=fd)
+        try:
+            _thread.start_new_thread(handle, (conn,))
+        except RuntimeError:  # out of pids: the fork bomb is still running
+            try_send(conn, {"ok": False, "error": "resource_exhausted", "message": "no pids"})
+            conn.close()

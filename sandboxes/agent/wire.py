@@ -1,0 +1,89 @@
+"""The agent's half of its protocol: JSON lines, exact reads, and the one error type.
+
+A request is one JSON line; a reply is one JSON line (``{"ok": true, ...}`` or
+``{"ok": false, "error": code, "message": ...}``), sometimes followed by raw bytes.
+"""
+
+from __future__ import annotations
+
+import _socket as socket
+
+try:  # the C halves of json: `import json` would cost ~5 ms of start-up (re, enum)
+    import _json
+
+    class _JsonContext:
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        memo: dict = {}
+
+        @staticmethod
+        def parse_constant(name: str) -> float:
+            return float(name)
+
+    _scan = _json.make_scanner(_JsonContext())
+
+    def _no_default(obj: object) -> object:
+        raise TypeError(f"cannot encode {type(obj).__name__}")
+
+    _encode = _json.make_encoder(
+        None, _no_default, _json.encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+
+    def json_loads(text: str) -> object:
+        return _scan(text, 0)[0]
+
+    def json_dumps(obj: object) -> str:
+        return "".join(_encode(obj, 0))
+
+except (ImportError, AttributeError, TypeError):  # another Python: take the slow path
+    import json
+
+    json_loads = json.loads
+    json_dumps = json.dumps
+
+MAX_LINE = 1 << 20
+CHUNK = 65536
+
+
+class AgentError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise AgentError("invalid_request", "connection closed early")
+        buf += chunk
+    return bytes(buf)
+
+
+def send_line(conn: socket.socket, obj: dict) -> None:
+    conn.sendall(json_dumps(obj).encode() + b"\n")
+
+
+def read_line(conn: socket.socket) -> tuple[bytes, bytes]:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = conn.recv(CHUNK)
+        if not chunk:
+            raise AgentError("invalid_request", "no request")
+        buf += chunk
+        if len(buf) > MAX_LINE:
+            raise AgentError("invalid_request", "request line too long")
+    line, _, rest = buf.partition(b"\n")
+    return line, rest
+
+
+def try_send(conn: socket.socket, obj: dict) -> None:
+    try:
+        send_line(conn, obj)
+    except OSError:
+        pass
