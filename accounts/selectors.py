@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from .models import ApiKey, Membership, Organization, User
+from .models import MANAGER_ROLES, ApiKey, Membership, Organization, Role, User
 
 
 def organizations_for_user(user: User) -> QuerySet[Organization]:
@@ -36,3 +36,12 @@ def api_keys_for_org(organization: Organization) -> QuerySet[ApiKey]:
         .select_related("created_by")
         .order_by("-created_at")
     )
+
+
+def organization_manager_emails(organization: Organization) -> list[str]:
+    """Emails of the owners and admins (owners first): whom a member asks about the plan."""
+    memberships = Membership.objects.filter(
+        organization=organization, role__in=MANAGER_ROLES
+    ).select_related("user")
+    ordered = sorted(memberships, key=lambda m: (m.role != Role.OWNER, m.user.email))
+    return [m.user.email for m in ordered]

@@ -127,6 +127,8 @@ class UsageApi(JsonErrorsMixin, APIView):
                 "amount_so_far_cents": usage.amount_so_far_cents,
                 "projected_executions": usage.projected_executions,
                 "projected_cents": usage.projected_cents,
+                "projection_available": usage.projection_available,
+                "projection_note": usage.projection_note,
                 "spending_cap_cents": usage.spending_cap_cents,
                 "by_day": [{"day": day, "executions": n} for day, n in usage.by_day],
                 "by_key": [
@@ -201,6 +203,8 @@ class InvoiceUpcomingApi(APIView):
                     "executions": upcoming.projected.executions,
                     "total_cents": upcoming.projected.total_cents,
                     "lines": _quote_lines(upcoming.projected),
+                    "available": upcoming.projection_available,
+                    "note": upcoming.projection_note,
                 },
             }
         )

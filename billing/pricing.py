@@ -174,3 +174,28 @@ def projected_executions(executions_so_far: int, *, start: date, now: datetime) 
     if elapsed < 3600:  # less than an hour in: too little to extrapolate from
         return executions_so_far
     return int(Decimal(executions_so_far) * Decimal(length) / Decimal(elapsed))
+
+
+# A projection needs this much history: a few hours of a first session, scaled to a month,
+# says nothing (6 executions in the first hours "projected" 785).
+PROJECTION_MIN_DAYS = 3
+
+
+def projection_from_use(
+    executions_so_far: int, *, start: date, now: datetime, first_use: datetime | None
+) -> int | None:
+    """The period's executions projected from the rate since use began, or None when fewer than
+    PROJECTION_MIN_DAYS days of use lie behind `now` (nothing to extrapolate from yet).
+
+    Use begins at the later of the period's start and `first_use` (the first execution of the
+    period), so an organization that starts mid-month is not scaled by days it did not exist.
+    """
+    begin, end = period_bounds(start)
+    now = min(max(now, begin), end)
+    since = max(begin, first_use) if first_use else now
+    observed = now - since
+    if observed < timedelta(days=PROJECTION_MIN_DAYS):
+        return None
+    remaining_s = Decimal((end - now) / timedelta(seconds=1))
+    observed_s = Decimal(observed / timedelta(seconds=1))
+    return executions_so_far + int(Decimal(executions_so_far) * remaining_s / observed_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime, time
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
@@ -106,8 +106,13 @@ class UsageSummary:
     by_key: list[KeyUsage]
     amount_so_far_cents: int
     projected_executions: int
+    """Projected to period end; equal to `executions` while `projection_available` is False."""
     projected_cents: int
     spending_cap_cents: int | None
+    projection_available: bool = True
+    """False until pricing.PROJECTION_MIN_DAYS days of use lie behind (see projection_note)."""
+    projection_note: str = ""
+    """Why there is no projection yet, for people; empty when there is one."""
 
 
 def _usage_counts(organization: Organization, start: date) -> Counter[tuple[date, int]]:
@@ -172,7 +177,10 @@ def usage_summary(*, organization: Organization, now: datetime | None = None) ->
     executions = sum(per_day.values())
     allowance = settings.SANDPIT_FREE_MONTHLY_EXECUTIONS
     plan = plan_for_period(organization=organization, start=start)
-    projected = pricing.projected_executions(executions, start=start, now=now)
+    used_days = [d for d, count in per_day.items() if count]
+    first_use = datetime.combine(min(used_days), time.min, tzinfo=UTC) if used_days else None
+    projection = pricing.projection_from_use(executions, start=start, now=now, first_use=first_use)
+    projected = executions if projection is None else projection
     return UsageSummary(
         period_start=start,
         period_end=end,
@@ -185,6 +193,10 @@ def usage_summary(*, organization: Organization, now: datetime | None = None) ->
         projected_executions=projected,
         projected_cents=pricing.total_cents(plan, projected, free_allowance=allowance),
         spending_cap_cents=organization.spending_cap_cents,
+        projection_available=projection is not None,
+        projection_note=""
+        if projection is not None
+        else f"A projection needs {pricing.PROJECTION_MIN_DAYS} days of use this period.",
     )
 
 
@@ -212,6 +224,8 @@ class UpcomingInvoice:
     executions: int
     quote: pricing.Quote
     projected: pricing.Quote
+    projection_available: bool = True
+    projection_note: str = ""
 
 
 def invoice_upcoming(*, organization: Organization, now: datetime | None = None) -> UpcomingInvoice:
@@ -226,6 +240,8 @@ def invoice_upcoming(*, organization: Organization, now: datetime | None = None)
         projected=pricing.quote(
             summary.plan, summary.projected_executions, free_allowance=allowance
         ),
+        projection_available=summary.projection_available,
+        projection_note=summary.projection_note,
     )
 
 

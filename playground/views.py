@@ -3,6 +3,8 @@ the pages' JavaScript then talks to the REST API with the session."""
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,15 +14,49 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from accounts.authentication import principal_for_session_user
-from accounts.selectors import current_organization_for_session
+from accounts.selectors import current_organization_for_session, organization_manager_emails
+from billing import pricing
 from playground.errors import NotFound
 from sandboxes import services as sandbox_services
 from sandboxes.selectors import sandbox_get_for_principal
-from sandboxes.serializers import SandboxOutput
+from sandboxes.serializers import SandboxOutput, file_entry_data
 
 from . import selectors
 
+logger = logging.getLogger(__name__)
+
 STATS_INTERVAL_MS = 5000
+
+
+def plan_offer(principal) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """What a page shows where the plan blocks a feature: managers get an upgrade button with
+    the price, members the names of whom to ask. Prices come from billing/pricing.py."""
+    return {
+        "plan": principal.organization.plan,
+        "can_upgrade": bool(principal.can_manage),
+        "managers": organization_manager_emails(principal.organization),
+        "premium_price": pricing.format_cents(pricing.PREMIUM_BASE_CENTS),
+        "premium_included": pricing.PREMIUM_INCLUDED_EXECUTIONS,
+        "overage_per_100k": pricing.format_cents(
+            int(pricing.OVERAGE_CENTS_PER_EXECUTION * 100_000)
+        ),
+    }
+
+
+def _initial_listing(sandbox) -> list[dict[str, object]] | None:  # type: ignore[no-untyped-def]
+    """The workspace's top level, rendered with the page: the page's own first look at the
+    files is part of opening it, not an operation the person asked for, so it is not metered
+    (the explorer lists through the API only when someone refreshes or opens a folder)."""
+    if sandbox.state != "running":
+        return None
+    try:
+        entries = sandbox_services.sandbox_file_list(
+            caller=sandbox_services.PLATFORM, sandbox=sandbox, path="."
+        )
+    except Exception:  # noqa: BLE001 - the page still opens; the explorer then lists by itself
+        logger.info("initial listing of %s failed", sandbox.id, exc_info=True)
+        return None
+    return [file_entry_data(entry) for entry in entries]
 
 
 def _ws_route_exists(suffix: str) -> bool:
@@ -76,6 +112,8 @@ def playground(request: HttpRequest, sandbox_id: str) -> HttpResponse:
                 "events_ws_path": f"/ws/sandboxes/{sandbox.id}/events",
                 "exec_ws_path": exec_ws,
                 "stats_interval_ms": STATS_INTERVAL_MS,
+                "files": _initial_listing(sandbox),
+                "plan": plan_offer(principal),
             },
         },
     )
@@ -106,6 +144,12 @@ def billing(request: HttpRequest) -> HttpResponse:
             "organization": principal.organization if principal else None,
             "can_manage": bool(principal and principal.can_manage),
             "nav": "billing",
+            "plan_offer": plan_offer(principal) if principal else None,
+            "pricing": {
+                "free_allowance": f"{settings.SANDPIT_FREE_MONTHLY_EXECUTIONS:,}",
+                "premium_price": pricing.format_cents(pricing.PREMIUM_BASE_CENTS),
+                "premium_included": f"{pricing.PREMIUM_INCLUDED_EXECUTIONS:,}",
+            },
         },
     )
 

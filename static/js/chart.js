@@ -17,10 +17,12 @@ export function barChart(points, { height = 180, width = 720, label = "Chart", u
   const innerH = height - pad.top - pad.bottom;
   const step = innerW / Math.max(1, points.length);
   const total = points.reduce((a, p) => a + p.value, 0);
+  // unit: a word, or n => word, so "1 execution" and "2 executions" both read right.
+  const unitOf = typeof unit === "function" ? unit : () => unit;
   const root = svg("svg", {
     viewBox: `0 0 ${width} ${height}`,
     role: "img",
-    "aria-label": `${label}: ${total} ${unit} in total over ${points.length} buckets, peak ${max}`,
+    "aria-label": `${label}: ${total} ${unitOf(total)} in total over ${points.length} ${points.length === 1 ? "bar" : "bars"}, peak ${max}`,
   });
   root.append(svg("line", { class: "axis", x1: pad.left, x2: width - pad.right, y1: pad.top + innerH, y2: pad.top + innerH }));
   // Whole-number gridlines only: 0, max, and the middle when it is a whole number.
@@ -35,7 +37,7 @@ export function barChart(points, { height = 180, width = 720, label = "Chart", u
     const h = (p.value / max) * innerH;
     const x = pad.left + i * step + step * 0.15;
     const bar = svg("rect", { class: "bar", x, y: pad.top + innerH - h, width: Math.max(1, step * 0.7), height: Math.max(p.value ? 1 : 0, h), rx: 2 });
-    bar.append(svg("title", {}, p.title || `${p.label}: ${p.value} ${unit}`));
+    bar.append(svg("title", {}, p.title || `${p.label}: ${p.value} ${unitOf(p.value)}`));
     root.append(bar);
     if (i % labelEvery === 0) {
       root.append(svg("text", { x: x + step * 0.35, y: height - 6, "text-anchor": "middle" }, p.label));

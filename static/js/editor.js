@@ -8,6 +8,9 @@ export const LANGUAGES = {
   bash: { mode: "shell", label: "Bash", ext: ["sh", "bash"], sample: 'echo "Hello from $(uname -s)"\nls -la\n' },
 };
 
+/** Not a program: opened files the editor shows without a language to run them in. */
+export const PLAIN_TEXT = "text";
+
 export function languageForPath(path) {
   const ext = (path.split(".").pop() || "").toLowerCase();
   for (const [name, lang] of Object.entries(LANGUAGES)) if (lang.ext.includes(ext)) return name;
@@ -18,6 +21,12 @@ const darkScheme = window.matchMedia("(prefers-color-scheme: dark)");
 
 const MODE_BY_EXT = { json: { name: "javascript", json: true }, ts: "javascript", md: null, txt: null };
 
+// Brackets close themselves and typing a closer steps over the one already there. Quotes are not
+// paired: after a string prefix (f", r", b") a paired quote left a stray `")` behind
+// `print(f"Hi {name}")`, and a lone quote is what people type anyway. `override` keeps a
+// mode's own settings (Python's pairs quotes) from replacing these.
+const AUTO_CLOSE = { pairs: "()[]{}", explode: "[]{}()", override: true };
+
 export class Editor {
   constructor({ sandboxId, host, languageSelect, pathLabel, saveButton }) {
     this.sandboxId = sandboxId;
@@ -25,14 +34,15 @@ export class Editor {
     this.pathLabel = pathLabel;
     this.path = null;
     this.dirty = false;
+    this.shownLanguage = "python";
     this.cm = CodeMirror(host, {
-      value: localStorage.getItem(`sandpit:scratch:${sandboxId}`) || LANGUAGES.python.sample,
+      value: this.scratch("python"),
       mode: "python",
       lineNumbers: true,
       theme: darkScheme.matches ? "material-darker" : "default",
       indentUnit: 4,
       matchBrackets: true,
-      autoCloseBrackets: true,
+      autoCloseBrackets: AUTO_CLOSE,
       extraKeys: {
         "Ctrl-Enter": () => this.onRun && this.onRun(),
         "Cmd-Enter": () => this.onRun && this.onRun(),
@@ -41,15 +51,17 @@ export class Editor {
         Esc: () => languageSelect.focus(),
       },
     });
+    // A reload must not keep a menu choice the browser restored but the editor does not show.
+    languageSelect.value = "python";
     this.cm.getInputField().setAttribute("aria-label", "Code editor");
     this.cm.on("change", () => {
-      if (!this.path) localStorage.setItem(`sandpit:scratch:${sandboxId}`, this.cm.getValue());
+      if (!this.path) localStorage.setItem(this.scratchKey(this.language), this.cm.getValue());
       this.setDirty(Boolean(this.path));
     });
     darkScheme.addEventListener("change", () => this.cm.setOption("theme", darkScheme.matches ? "material-darker" : "default"));
     // Keep CodeMirror's measurements right as the pane resizes.
     new ResizeObserver(() => this.cm.refresh()).observe(host);
-    languageSelect.addEventListener("change", () => this.setLanguage(languageSelect.value, { fromPicker: true }));
+    languageSelect.addEventListener("change", () => this.pickLanguage(languageSelect.value));
     saveButton.addEventListener("click", () => this.save());
     // Ctrl/Cmd-S anywhere on the page (the editor included) saves the open file.
     document.addEventListener("keydown", (ev) => {
@@ -65,13 +77,48 @@ export class Editor {
     return this.languageSelect.value;
   }
 
-  setLanguage(name, { fromPicker = false } = {}) {
+  /** Each language keeps its own scratch file (in this browser), so switching never runs
+   * one language's code as another's. */
+  scratchKey(name) {
+    return `sandpit:scratch:${this.sandboxId}:${name}`;
+  }
+
+  scratch(name) {
+    const legacy = name === "python" ? localStorage.getItem(`sandpit:scratch:${this.sandboxId}`) : null;
+    return localStorage.getItem(this.scratchKey(name)) ?? legacy ?? LANGUAGES[name].sample;
+  }
+
+  setLanguage(name) {
     const lang = LANGUAGES[name];
-    if (!lang) return;
     this.languageSelect.value = name;
-    this.cm.setOption("mode", lang.mode);
+    this.shownLanguage = name;
+    this.cm.setOption("mode", lang ? lang.mode : null);
     this.cm.setOption("indentUnit", name === "python" ? 4 : 2);
-    if (fromPicker && !this.path && !this.cm.getValue().trim()) this.cm.setValue(lang.sample);
+  }
+
+  /** The language menu: switch to that language's scratch file. An open file is closed first
+   * (asking when it has unsaved changes); its own language comes from its extension. */
+  pickLanguage(name) {
+    const previous = this.shownLanguage;
+    if (!LANGUAGES[name]) {
+      // Plain text only describes opened files; there is no plain-text scratch to run.
+      this.languageSelect.value = previous;
+      return;
+    }
+    if (this.path) {
+      const question = this.dirty
+        ? `Discard unsaved changes to ${this.path} and start a ${LANGUAGES[name].label} scratch file?`
+        : `Close ${this.path} and switch to a ${LANGUAGES[name].label} scratch file?`;
+      if (!confirm(question)) {
+        this.languageSelect.value = previous;
+        return;
+      }
+      this.path = null;
+    }
+    this.setLanguage(name);
+    this.cm.setValue(this.scratch(name));
+    this.cm.clearHistory();
+    this.setDirty(false);
   }
 
   setDirty(dirty) {
@@ -93,6 +140,8 @@ export class Editor {
       const lang = languageForPath(path);
       if (lang) this.setLanguage(lang);
       else {
+        // Not a program we can run (data.csv, notes.md): shown as plain text, not as Python.
+        this.setLanguage(PLAIN_TEXT);
         const ext = (path.split(".").pop() || "").toLowerCase();
         this.cm.setOption("mode", MODE_BY_EXT[ext] ?? null);
       }
@@ -144,7 +193,7 @@ export class Editor {
   async save() {
     let path = this.path;
     if (!path) {
-      const ext = LANGUAGES[this.language].ext[0];
+      const ext = (LANGUAGES[this.language] || LANGUAGES.python).ext[0];
       path = prompt("Save as (path in the workspace):", `main.${ext}`);
       if (!path) return;
       path = path.replace(/^\/+/, "");

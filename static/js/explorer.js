@@ -1,6 +1,12 @@
 // File explorer: a lazily loaded tree of the workspace that follows file events live.
 // Keyboard: ↑/↓ move, → expand, ← collapse, Enter open, F2 rename, Delete remove.
 import { api, h, toast } from "./api.js";
+import { zipBlob } from "./zip.js";
+
+// A folder downloads as a zip built in the browser from its files; past these it is refused
+// (with the reason) rather than filling the tab's memory.
+const ZIP_MAX_FILES = 1000;
+const ZIP_MAX_BYTES = 100 * 1024 * 1024;
 
 const parentOf = (path) => (path.includes("/") ? path.slice(0, path.lastIndexOf("/")) : "");
 const baseName = (path) => path.slice(path.lastIndexOf("/") + 1);
@@ -19,7 +25,8 @@ export class Explorer {
     buttons.download.addEventListener("click", () => {
       const e = this.selected && this.entry(this.selected);
       if (e && e.type === "file") this.download(e);
-      else toast("Select a file to download first.");
+      else if (e && e.type === "dir") this.downloadFolder(e);
+      else toast("Select a file or folder to download first.");
     });
     buttons.upload.addEventListener("change", (ev) => {
       this.upload([...ev.target.files], this.targetDir());
@@ -38,6 +45,16 @@ export class Explorer {
     const map = new Map();
     for (const e of entries) map.set(e.name, e);
     this.dirs.set(dir, map);
+  }
+
+  /** Show the top level from entries already at hand (the listing the page came with). */
+  show(entries) {
+    const map = new Map();
+    for (const e of entries) map.set(e.name, e);
+    this.dirs.clear();
+    this.dirs.set("", map);
+    this.errorHost.replaceChildren();
+    this.render();
   }
 
   async reload() {
@@ -251,7 +268,7 @@ export class Explorer {
       "div.tree-menu.card",
       { role: "menu", style: `position:fixed;left:${ev.clientX}px;top:${ev.clientY}px;z-index:60;padding:.3rem;display:flex;flex-direction:column;gap:.2rem` },
       e.type === "file" ? item("Open", () => this.onOpen(e.path)) : null,
-      e.type === "file" ? item("Download", () => this.download(e)) : null,
+      item(e.type === "dir" ? "Download as zip" : "Download", () => (e.type === "dir" ? this.downloadFolder(e) : this.download(e))),
       item("Rename…", () => this.rename(e)),
       item("Delete", () => this.delete(e)),
     );
@@ -305,15 +322,44 @@ export class Explorer {
   async download(e) {
     try {
       const blob = await api(`${this.base()}/content`, { query: { path: e.path }, raw: true });
-      const url = URL.createObjectURL(blob);
-      const a = h("a", { href: url, download: e.name, style: "display:none" });
-      document.body.append(a);
-      a.click();
-      a.remove();
-      setTimeout(() => URL.revokeObjectURL(url), 10000);
+      this.save(blob, e.name);
     } catch (err) {
       toast(err, { error: true });
     }
+  }
+
+  /** The folder's files (recursively) as <folder>.zip, paths inside relative to the folder. */
+  async downloadFolder(e) {
+    try {
+      const { entries } = await api(this.base(), { query: { path: e.path, recursive: "true" } });
+      const files = entries.filter((x) => x.type === "file");
+      const total = files.reduce((n, x) => n + (x.size || 0), 0);
+      if (files.length > ZIP_MAX_FILES || total > ZIP_MAX_BYTES) {
+        toast(`${e.name} is too big to zip in the browser (${files.length} files, ${Math.round(total / 1048576)} MB; at most ${ZIP_MAX_FILES} files and ${ZIP_MAX_BYTES / 1048576} MB). Use a terminal: tar czf ${e.name}.tgz ${e.path}`, { error: true, timeout: 10000 });
+        return;
+      }
+      toast(`Zipping ${files.length} ${files.length === 1 ? "file" : "files"} from ${e.name}…`);
+      const prefix = `${e.path.replace(/^\/+|\/+$/g, "")}/`;
+      const items = [];
+      for (const f of files) {
+        const full = (f.path || "").replace(/^\/+/, "").replace(/^workspace\//, "");
+        const inside = full.startsWith(prefix) ? full.slice(prefix.length) : full;
+        const blob = await api(`${this.base()}/content`, { query: { path: full }, raw: true });
+        items.push({ path: `${e.name}/${inside}`, data: new Uint8Array(await blob.arrayBuffer()), mtime: f.mtime ? new Date(f.mtime * 1000) : undefined });
+      }
+      this.save(zipBlob(items), `${e.name}.zip`);
+    } catch (err) {
+      toast(err, { error: true });
+    }
+  }
+
+  save(blob, name) {
+    const url = URL.createObjectURL(blob);
+    const a = h("a", { href: url, download: name, style: "display:none" });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
   }
 
   async upload(files, dir) {

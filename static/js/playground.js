@@ -3,6 +3,7 @@
 import { api, ago, bytes, h, pageData, toast, wsUrl } from "./api.js";
 import { Editor } from "./editor.js";
 import { Explorer } from "./explorer.js";
+import { planNotice } from "./plan.js";
 import { Runner } from "./run.js";
 import { TerminalTabs } from "./terminal.js";
 
@@ -49,6 +50,7 @@ const terminals = new TerminalTabs({
   panels: $("terminal-panels"),
   newButton: $("new-terminal"),
   errorHost: $("terminal-error"),
+  planBlocked: () => planNotice(data.plan, "Terminals"),
 });
 
 // --- status --------------------------------------------------------------------------------
@@ -159,6 +161,7 @@ function portUrl(ev) {
 // --- events socket -------------------------------------------------------------------------
 
 let eventsRetry = 0;
+let eventsConnected = false;
 
 function connectEvents() {
   if (gone) return;
@@ -170,8 +173,10 @@ function connectEvents() {
     dot.textContent = "live";
     dot.title = "Receiving live events";
     ws.send(JSON.stringify({ type: "watch", id: "explorer", path: ".", recursive: true, ignore: ["node_modules", ".git", "__pycache__", "*.pyc"] }));
-    // Anything that happened while disconnected: relist.
-    explorer.reload();
+    // Anything that happened while disconnected: relist (the first connection follows the
+    // listing the page came with, so it has nothing to catch up on).
+    if (eventsConnected) explorer.reload();
+    eventsConnected = true;
   };
   ws.onmessage = (ev) => {
     let msg;
@@ -210,10 +215,16 @@ function connectEvents() {
         break;
       case "ready":
         if (msg.state) setState(msg.state);
+        // Without the ports signal the plan (or the session) does not include previews.
+        if (!(msg.signals || []).includes("ports") && msg.state === "running" && data.plan && data.plan.plan !== "premium") {
+          $("ports").replaceChildren(planNotice(data.plan, "Port previews"));
+        }
         break;
       case "error":
         if (msg.code === "free_allowance_exhausted" || msg.code === "premium_required" || msg.status === 402) {
-          $("explorer-notice").replaceChildren(h("div.alert.warn.small", { role: "status", title: msg.message }, "Live file updates need the premium plan; use ⟳ to refresh."));
+          $("explorer-notice").replaceChildren(
+            msg.code === "premium_required" ? planNotice(data.plan, "Live file updates") : h("div.alert.warn.small", { role: "status" }, msg.message),
+          );
         } else toast(`Events: ${msg.message || msg.code}`, { error: true });
         break;
       default:
@@ -250,19 +261,15 @@ $("destroy").addEventListener("click", async () => {
 
 renderPorts();
 if (["running", "creating"].includes(state)) {
-  explorer.reload();
+  // The page's own background reads are not executions: the first file listing comes with the
+  // page, open ports arrive on the events socket (port_open for each on connect), and the
+  // gauges read stats, which is never counted (README, Billing).
+  if (Array.isArray(data.files)) explorer.show(data.files);
+  else explorer.reload();
   terminals.start();
   connectEvents();
   pollStats();
   statsTimer = setInterval(pollStats, data.stats_interval_ms || 5000);
-  api(`sandboxes/${sandboxId}/ports`)
-    .then(({ results }) => {
-      for (const p of results) ports.set(p.port, { port: p.port, url: portUrl(p) });
-      renderPorts();
-    })
-    .catch((err) => {
-      if (err.status === 402) $("ports").replaceChildren(h("span.muted.small", { title: err.message }, "Port previews: premium plan"));
-    });
 } else {
   gone = false;
   setState(state, data.sandbox.destroy_reason);

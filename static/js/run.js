@@ -23,6 +23,7 @@ export class Runner {
 
   append(text, cls) {
     if (!text) return;
+    if (cls === "stderr") this.stderrText = (this.stderrText || "") + text;
     const last = this.output.lastChild;
     if (last && last.nodeType === 1 && last.className === (cls || "stdout")) last.append(text);
     else this.output.append(h(`span.${cls || "stdout"}`, {}, text));
@@ -40,6 +41,11 @@ export class Runner {
     const language = this.editor.language;
     const stdin = this.stdin.value;
     this.output.replaceChildren();
+    if (language === "text") {
+      this.meta(`${this.editor.path || "This file"} is not a program. Pick Python, Node.js or Bash in the language menu to run code.`, true);
+      return;
+    }
+    this.stderrText = "";
     this.meta(`$ run ${language}${this.editor.path ? ` (${this.editor.path})` : ""}`);
     this.setRunning(true);
     this.started = performance.now();
@@ -126,6 +132,20 @@ export class Runner {
     if (timedOut) bits.push("timed out");
     if (truncated) bits.push("output truncated");
     this.meta(`— ${bits.join(" · ")}`, exitCode !== 0);
+    if (exitCode !== 0 && !this.stdin.value && /\bEOFError\b/.test(this.stderrText || "")) this.hintStdin();
+  }
+
+  /** The program read input that was not there: say where input goes. */
+  hintStdin() {
+    const focus = h("button.small", { type: "button", onclick: () => this.stdin.focus() }, "Type input");
+    this.output.append(
+      h(
+        "div.alert.info.small.run-hint",
+        { role: "status" },
+        "The program asked for input (input() or a read from stdin), but the stdin box below was empty, so it got end-of-file. Type the input there, one line per input() call, and run again; for a back-and-forth program, run it in a terminal instead. ",
+        focus,
+      ),
+    );
   }
 
   stop() {

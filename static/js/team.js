@@ -97,10 +97,20 @@ async function loadKeys() {
   );
 }
 
+// The key whose secret the creation box shows: the secret leaves the screen when that key is
+// revoked (or the box is dismissed), and is never fetched again.
+let shownSecretKeyId = null;
+
+function forgetSecret() {
+  shownSecretKeyId = null;
+  $("key-result").replaceChildren();
+}
+
 async function revokeKey(k) {
   if (!confirm(`Revoke "${k.name}"? Programs using it stop working at once.`)) return;
   try {
     await api(`api-keys/${k.id}`, { method: "DELETE" });
+    if (shownSecretKeyId === k.id) forgetSecret();
     toast(`Revoked ${k.name}`);
     loadKeys();
   } catch (err) {
@@ -130,7 +140,7 @@ if (canManage) {
     ev.preventDefault();
     const form = ev.target;
     const out = $("key-result");
-    out.replaceChildren();
+    forgetSecret();
     const body = { name: form.name.value };
     if (form.expires_at.value) body.expires_at = new Date(`${form.expires_at.value}T23:59:59`).toISOString();
     try {
@@ -146,9 +156,10 @@ if (canManage) {
           h("strong", {}, `Key "${key.name}" created.`),
           " Copy the secret now — it will not be shown again.",
           h("div.secret-box", {}, h("code", { id: "new-secret" }, key.secret), copy),
-          h("button.small", { type: "button", onclick: () => out.replaceChildren() }, "Done, I saved it"),
+          h("button.small", { type: "button", onclick: forgetSecret }, "Done, I saved it"),
         ),
       );
+      shownSecretKeyId = key.id;
       copy.focus();
       form.reset();
       loadKeys();

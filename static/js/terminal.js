@@ -131,14 +131,16 @@ class TerminalTab {
 }
 
 export class TerminalTabs {
-  constructor({ sandboxId, tabs, panels, newButton, errorHost }) {
+  constructor({ sandboxId, tabs, panels, newButton, errorHost, planBlocked = null }) {
     this.sandboxId = sandboxId;
+    // (err) => element shown instead of the error when the plan does not include terminals.
+    this.planBlocked = planBlocked;
     this.tabsEl = tabs;
     this.panels = panels;
     this.errorHost = errorHost;
     this.items = [];
     this.counter = 1;
-    newButton.addEventListener("click", () => this.create());
+    newButton.addEventListener("click", () => this.create({ focus: true }));
     let timer;
     new ResizeObserver(() => {
       clearTimeout(timer);
@@ -168,6 +170,10 @@ export class TerminalTabs {
   }
 
   showError(err) {
+    if (err.code === "premium_required" && this.planBlocked) {
+      this.errorHost.replaceChildren(this.planBlocked(err));
+      return;
+    }
     this.errorHost.replaceChildren(h("div.alert", { role: "alert" }, `Terminal: ${err.message}`, err.code ? h("span.code", {}, err.code) : null));
   }
 
@@ -179,13 +185,15 @@ export class TerminalTabs {
     return tab;
   }
 
-  async create() {
+  /** Open a terminal; `focus` only when the person asked for it (the first terminal the page
+   * opens by itself must not take the keyboard from someone already typing in the editor). */
+  async create({ focus = false } = {}) {
     const size = this.current ? { cols: this.current.term.cols, rows: this.current.term.rows } : { cols: 100, rows: 24 };
     try {
       const info = await api(this.base(), { method: "POST", body: size });
       this.errorHost.replaceChildren();
       const tab = this.add(info);
-      tab.term.focus();
+      if (focus) tab.term.focus();
       return tab;
     } catch (err) {
       this.showError(err);
