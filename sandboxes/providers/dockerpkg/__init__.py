@@ -1,0 +1,12 @@
+"""The `docker` provider: hardened containers driven by the in-sandbox agent.
+
+The only package in Sandpit that imports `docker`: everything the rest of the project
+sees is a dataclass or error from `base`. Modules: provider (DockerProvider), errors
+(the one translation of Engine errors), relay (an agent connection over `docker exec`),
+sessions (file watches).
+"""
+
+from .provider import DockerProvider
+from .sessions import DockerWatch
+
+__all__ = ["DockerProvider", "DockerWatch"]

@@ -1,0 +1,120 @@
+"""Live sessions of the Docker provider that are its own: file watches.
+
+Terminals, port streams and streamed commands are the agent's sessions
+(sandboxes/providers/agent_client.py), the same as the local provider's.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+from sandboxes.providers.base import FileEvent
+
+WORKSPACE = "/workspace"
+WATCH_BATCH_S = 0.05
+
+
+class DockerWatch:
+    """Iterator of FileEvent batches from the agent's ``watch`` (``inotifywait -m``
+    records); `close()` hangs up, which makes the agent kill the watcher.
+
+    Events closer than `WATCH_BATCH_S` to the first one of a batch are delivered
+    together. A class rather than a generator so that `close()` stops the watcher even
+    when nobody ever iterated.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._pending = b""
+        self._closed = False
+
+    def __iter__(self) -> DockerWatch:
+        return self
+
+    def __next__(self) -> list[FileEvent]:
+        while not self._closed:
+            events = file_events(self._next_records())
+            if events:
+                return events
+        raise StopIteration
+
+    def _next_records(self) -> list[tuple[str, str]]:
+        batch: list[tuple[str, str]] = []
+        batch_deadline: float | None = None
+        while True:
+            *records, self._pending = self._pending.split(b"\x00")
+            for record in records:
+                kinds, _, full = record.decode("utf-8", "surrogateescape").partition(" ")
+                batch.append((kinds, full))
+            if batch and batch_deadline is None:
+                batch_deadline = time.monotonic() + WATCH_BATCH_S
+            timeout = None if batch_deadline is None else batch_deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return batch
+            try:
+                ready, _, _ = select.select([self._sock], [], [], timeout)
+                chunk = self._sock.recv(65536) if ready else None
+            except (OSError, ValueError):
+                chunk = b""
+            if chunk is None:
+                return batch
+            if not chunk:
+                self.close()
+                return batch
+            self._pending += chunk
+
+    def close(self) -> None:
+        """Stop the watcher inside the sandbox; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+
+def file_events(raw: list[tuple[str, str]]) -> list[FileEvent]:
+    """inotifywait records -> FileEvents, pairing moves and dropping duplicates."""
+    events: list[FileEvent] = []
+    seen: set[tuple[str, str]] = set()
+    moved_from: tuple[str, bool] | None = None
+
+    def rel(full: str) -> str:
+        return full[len(WORKSPACE) + 1 :] if full.startswith(WORKSPACE + "/") else ""
+
+    def add(event: FileEvent) -> None:
+        key = (event.type, event.path)
+        if event.type in ("created", "modified") and key in seen:
+            return
+        seen.add(key)
+        events.append(event)
+
+    for kinds, full in raw:
+        flags = set(kinds.split(","))
+        is_dir = "ISDIR" in flags
+        path = rel(full)
+        if moved_from is not None and "MOVED_TO" not in flags:
+            add(FileEvent("deleted", moved_from[0], is_dir=moved_from[1]))
+            moved_from = None
+        if "MOVED_FROM" in flags:
+            moved_from = (path, is_dir)
+        elif "MOVED_TO" in flags:
+            if moved_from is not None:
+                add(FileEvent("moved", path, is_dir=is_dir, old_path=moved_from[0]))
+                moved_from = None
+            else:
+                add(FileEvent("created", path, is_dir=is_dir))
+        elif "CREATE" in flags:
+            add(FileEvent("created", path, is_dir=is_dir))
+        elif "DELETE" in flags:
+            add(FileEvent("deleted", path, is_dir=is_dir))
+        elif "MODIFY" in flags or "CLOSE_WRITE" in flags:
+            if not is_dir:
+                add(FileEvent("modified", path))
+    if moved_from is not None:
+        add(FileEvent("deleted", moved_from[0], is_dir=moved_from[1]))
+    return events
