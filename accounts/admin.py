@@ -24,7 +24,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "plan", "allow_network", "created_at"]
+    list_display = ["slug", "name", "plan", "allow_network", "docker_runtime", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 

@@ -68,6 +68,14 @@ class Organization(models.Model):
     allow_network = models.BooleanField(
         default=False, help_text="Sandboxes of this organization may ask for outbound network."
     )
+    docker_runtime = models.CharField(
+        max_length=20,
+        blank=True,
+        default="",
+        choices=[("runc", "runc (container)"), ("runsc", "runsc (gVisor)")],
+        help_text="Docker runtime for this organization's sandboxes; empty = "
+        "SANDPIT_DOCKER_RUNTIME. runsc requires gVisor for every sandbox of the organization.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

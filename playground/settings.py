@@ -308,6 +308,13 @@ SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 2)
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
+# The Docker runtime sandboxes run under: runc, or runsc for gVisor (a user-space kernel
+# between sandbox and host; scripts/docker-up.sh registers it). Organizations may override.
+SANDPIT_DOCKER_RUNTIME = env_str("SANDPIT_DOCKER_RUNTIME", "runc")
+# The gVisor runtime networked sandboxes use (runsc with --network=host; see docker.py).
+SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME = env_str(
+    "SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME", "runsc-net"
+)
 SANDPIT_INSTALLATION = env_str("SANDPIT_INSTALLATION", "default")
 SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 10)
 SANDPIT_MAX_FILE_BYTES = env_int("SANDPIT_MAX_FILE_BYTES", 10 * 1024 * 1024)

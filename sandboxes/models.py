@@ -57,6 +57,13 @@ class Sandbox(models.Model):
     resources = models.JSONField(default=dict, blank=True)
     timeout_s = models.PositiveIntegerField(help_text="Idle timeout in seconds.")
     network = models.BooleanField(default=False)
+    isolation = models.CharField(
+        max_length=20,
+        blank=True,
+        default="",
+        help_text="What separates it from the host kernel: 'container', 'gvisor' (docker), "
+        "empty where the provider does not say.",
+    )
     metadata = models.JSONField(default=dict, blank=True)
     ephemeral = models.BooleanField(default=False, help_text="Created by /run; destroyed after.")
     error_message = models.TextField(blank=True, default="")

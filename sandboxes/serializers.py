@@ -140,6 +140,7 @@ class SandboxOutput(serializers.ModelSerializer):
             "resources",
             "timeout_s",
             "network",
+            "isolation",
             "metadata",
             "created_at",
             "started_at",

@@ -34,7 +34,12 @@ from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
 from .events import sandbox_event_broadcast
 from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState
-from .providers import configured_provider_names, get_provider, resolve_provider_name
+from .providers import (
+    configured_provider_names,
+    get_provider,
+    provider_isolation,
+    resolve_provider_name,
+)
 from .providers.base import (
     SUPPORTED_LANGUAGES,
     Capability,
@@ -186,6 +191,12 @@ def sandbox_create(
             "This organization is not allowed to give sandboxes network access.",
             code="network_not_allowed",
         )
+    runtime = organization.docker_runtime if provider.name == "docker" else ""
+    if organization.docker_runtime == "runsc" and provider.name != "docker":
+        raise Forbidden(
+            "This organization requires gVisor isolation: use the docker provider.",
+            code="gvisor_required",
+        )
     resolved = resources_from_request(resources)
     now = timezone.now()
     limit = max_concurrent_sandboxes(organization)
@@ -208,6 +219,7 @@ def sandbox_create(
             resources=resolved.__dict__,
             timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
             network=network,
+            isolation=provider_isolation(provider, runtime),
             metadata=dict(metadata or {}),
             ephemeral=ephemeral,
             expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
@@ -220,6 +232,7 @@ def sandbox_create(
         resources=resolved,
         env=dict(env or {}),
         labels={"sandpit.org": str(organization.pk)},
+        runtime=runtime,
     )
     try:
         handle = provider.create(spec)
@@ -618,7 +631,9 @@ def providers_describe(organization: Organization) -> list[dict[str, Any]]:
         try:
             provider = get_provider(name)
             health = provider.health()
+            runtime = organization.docker_runtime if provider.name == "docker" else ""
             entry.update(
+                isolation=provider_isolation(provider, runtime),
                 capabilities=sorted(c.value for c in provider.capabilities),
                 health={
                     "ok": health.ok,

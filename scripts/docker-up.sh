@@ -15,9 +15,61 @@ say() { echo "docker-up: $*" >&2; }
 
 engine_ok() { docker info >/dev/null 2>&1; }
 
+# gVisor: when runsc is installed, register it (and runsc-net, for networked sandboxes)
+# in daemon.json, which dockerd reads at start and re-reads for runtimes on SIGHUP, so an
+# engine already running without them gets them without a restart.
+DAEMON_JSON=${DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
+RUNSC=${RUNSC:-/usr/bin/runsc}
+runsc_wanted() { [ -x "$RUNSC" ] && [ "$(id -u)" = 0 ]; }
+runsc_registered() {
+    local have
+    have=$(docker info --format '{{json .Runtimes}}' 2>/dev/null) || return 1
+    [[ "$have" == *'"runsc"'* && "$have" == *'"runsc-net"'* ]]
+}
+write_runsc_config() {
+    mkdir -p "$(dirname "$DAEMON_JSON")"
+    # ptrace: needs no KVM (KVM here hangs runsc under nesting). Offline sandboxes keep
+    # gVisor's own network stack (--network=none: loopback only); runsc-net hands sockets
+    # to the host kernel inside the container's namespace, the mode that works with
+    # Docker's bridge for this runsc (see sandboxes/providers/docker.py).
+    python3 - "$DAEMON_JSON" "$RUNSC" <<'PY'
+import json, os, sys
+path, runsc = sys.argv[1], sys.argv[2]
+config = {}
+if os.path.exists(path):
+    with open(path) as f:
+        config = json.load(f)
+runtimes = config.setdefault("runtimes", {})
+runtimes["runsc"] = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+runtimes["runsc-net"] = {"path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=host"]}
+with open(path + ".tmp", "w") as f:
+    json.dump(config, f, indent=2)
+os.replace(path + ".tmp", path)
+PY
+}
+register_runsc() {
+    runsc_wanted || return 0
+    runsc_registered && return 0
+    write_runsc_config
+    local pid
+    pid=$(pgrep -x dockerd | head -n1 || true)
+    [ -n "$pid" ] || return 0
+    say "registering runsc with the running engine (SIGHUP to dockerd pid $pid)"
+    kill -HUP "$pid"
+    local deadline=$((SECONDS + 20))
+    while [ $SECONDS -lt $deadline ]; do
+        runsc_registered && return 0
+        sleep 0.25
+    done
+    say "dockerd did not pick up the runsc runtimes from $DAEMON_JSON; see $LOG"
+    return 1
+}
+
 if engine_ok; then
+    register_runsc
     exit 0
 fi
+runsc_wanted && write_runsc_config
 
 if [ -n "${DOCKER_HOST:-}" ] && [[ "${DOCKER_HOST}" != unix://* ]]; then
     say "DOCKER_HOST=${DOCKER_HOST} is remote and does not answer; not starting a local engine"
@@ -58,6 +110,7 @@ existing=$(pgrep -x dockerd || true)
 if [ -n "$existing" ]; then
     say "dockerd (pid $existing) is running but not answering yet; waiting"
     if wait_engine "$TIMEOUT_S" "$existing"; then
+        register_runsc
         exit 0
     fi
     say "dockerd pid $existing did not answer within ${TIMEOUT_S}s; see $LOG"

@@ -8,7 +8,8 @@ want_dev=0
 [ "${1:-}" = "--dev" ] && want_dev=1
 
 packages=(bubblewrap slirp4netns nftables)
-[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap gcc libc6-dev)
+# runsc: the docker tests run a second time under gVisor.
+[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap gcc libc6-dev runsc)
 
 missing=()
 for pkg in "${packages[@]}"; do

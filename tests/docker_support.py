@@ -49,6 +49,20 @@ def _prepare() -> tuple[DockerProvider | None, str]:
     return provider, ""
 
 
+def docker_runsc_provider_or_skip() -> DockerProvider:
+    """Like docker_provider_or_skip, with sandboxes under gVisor (scripts/docker-up.sh
+    registers runsc with the engine); skips (fails on CI) where runsc is not registered."""
+    docker_provider_or_skip()
+    provider = DockerProvider(installation=TEST_INSTALLATION, runtime="runsc")
+    health = provider.health()
+    if not health.ok:
+        reason = health.detail
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"gVisor is required on CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    return provider
+
+
 def docker_provider_or_skip() -> DockerProvider:
     """A provider on a running engine with the sandbox image built; skips (fails on CI) if not."""
     global _outcome

@@ -90,7 +90,10 @@ def _build_docker() -> SandboxProvider:
     from .docker import DockerProvider
 
     return DockerProvider(
-        image=settings.SANDPIT_DOCKER_IMAGE, installation=settings.SANDPIT_INSTALLATION
+        image=settings.SANDPIT_DOCKER_IMAGE,
+        installation=settings.SANDPIT_INSTALLATION,
+        runtime=settings.SANDPIT_DOCKER_RUNTIME,
+        gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
     )
 
 
@@ -162,6 +165,18 @@ def get_provider(name: str) -> SandboxProvider:
         if provider is None:
             provider = _instances[name] = _build(name)
         return provider
+
+
+def provider_isolation(provider: SandboxProvider, runtime: str = "") -> str:
+    """What separates `provider`'s sandboxes (under Docker `runtime`, default the
+    provider's) from the host kernel: 'gvisor', 'container', or '' where it does not say."""
+    if provider.name == "docker":
+        from .docker import isolation_of
+
+        return isolation_of(runtime or str(getattr(provider, "runtime", "")))
+    if provider.name == "local":
+        return "container"
+    return ""
 
 
 def reset_providers() -> None:

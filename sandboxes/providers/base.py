@@ -163,6 +163,9 @@ class SandboxSpec:
     resources: Resources = field(default_factory=Resources)
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    runtime: str = ""
+    """The Docker runtime to run under ('runc', 'runsc' for gVisor); empty = the provider's
+    default. Providers without runtimes ignore it."""
 
 
 @dataclass(frozen=True)

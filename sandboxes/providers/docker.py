@@ -118,6 +118,37 @@ _ERROR_MARK = b"\x00sandpit-error:"
 _RUNNER = "/usr/local/lib/sandpit/run-v1"
 """The command runner in the image (docker/sandbox/sandpit-run.c); v1 is its protocol."""
 
+CONTAINER = "container"
+GVISOR = "gvisor"
+GVISOR_NETWORK_RUNTIME = "runsc-net"
+"""The gVisor runtime for networked sandboxes. The runsc Debian ships (2022-12) cannot use
+its own network stack in Docker's bridge namespaces on current kernels (it takes every
+namespace for the host's: it probes a sysctl that is no longer root-only), so networked
+sandboxes run with runsc's --network=host: sockets go to the host kernel, inside the
+container's own network namespace; everything else stays in gVisor. Offline sandboxes use
+`runsc` with --network=none: even loopback is gVisor's."""
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+_GVISOR_HOST_PIDS_BASE = 96
+_GVISOR_HOST_PIDS_PER_PROCESS = 10
+"""runsc on the ptrace platform runs about 50 host threads of its own and 8-9 more per
+process inside (measured here): the host pids limit counts those, not sandbox processes."""
+
+
+def _host_pids_limit(pids: int, runtime: str) -> int:
+    """The engine's pids limit: the sandbox's processes plus Sandpit's helpers, scaled
+    under gVisor to the host threads that many sandbox processes cost."""
+    if isolation_of(runtime) == GVISOR:
+        return _GVISOR_HOST_PIDS_BASE + (pids + _PIDS_HEADROOM) * _GVISOR_HOST_PIDS_PER_PROCESS
+    return pids + _PIDS_HEADROOM
+
+
+def isolation_of(runtime: str) -> str:
+    """'gvisor' for a runsc runtime (by the name it is registered under), else 'container'."""
+    return GVISOR if runtime.startswith("runsc") else CONTAINER
+
+
 _ERRORS: dict[str, type[ProviderError]] = {
     "file_not_found": FileNotFound,
     "path_not_allowed": PathNotAllowed,
@@ -882,8 +913,12 @@ class DockerProvider:
         label_prefix: str = "sandpit",
         installation: str = "default",
         max_file_bytes: int = 50 * 1024 * 1024,
+        runtime: str = "runc",
+        gvisor_network_runtime: str = GVISOR_NETWORK_RUNTIME,
     ) -> None:
         self.image = image
+        self.runtime = runtime
+        self.gvisor_network_runtime = gvisor_network_runtime
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.label_prefix = label_prefix
         self.installation = installation
@@ -892,6 +927,22 @@ class DockerProvider:
         self._lock = threading.Lock()
         self._owned: set[str] = set()
         self._cpu_samples: dict[str, tuple[int, int]] = {}
+
+    @property
+    def isolation(self) -> str:
+        """What stands between sandboxes and the host kernel by default: 'container'
+        (namespaces and cgroups, runc) or 'gvisor' (a user-space kernel, runsc)."""
+        return isolation_of(self.runtime)
+
+    def _runtime_for(self, spec: SandboxSpec) -> str:
+        """The Docker runtime a sandbox runs under: the spec's, else ours; a networked
+        gVisor sandbox takes the gVisor runtime registered for Docker's bridge."""
+        runtime = spec.runtime or self.runtime
+        if not _RUNTIME_NAME.fullmatch(runtime):
+            raise InvalidRequest(f"Invalid Docker runtime name {runtime!r}.")
+        if spec.network and isolation_of(runtime) == GVISOR:
+            return self.gvisor_network_runtime
+        return runtime
 
     # -- plumbing ----------------------------------------------------------
 
@@ -1065,6 +1116,8 @@ class DockerProvider:
         )
         if not _SANDBOX_ID.fullmatch(spec.sandbox_id):
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'.")
+        runtime = self._runtime_for(spec)
+        labels[self._label("isolation")] = isolation_of(runtime)
         # HOME is the workspace, as in the local provider.
         env = ["HOME=/workspace", *_check_env(spec.env)]
         name = f"{self.label_prefix}-{self.installation}-{spec.sandbox_id}"
@@ -1074,7 +1127,7 @@ class DockerProvider:
             host_config = api.create_host_config(
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges:true"],
-                pids_limit=res.pids + _PIDS_HEADROOM,
+                pids_limit=_host_pids_limit(res.pids, runtime),
                 mem_limit=res.memory_mb * 1024 * 1024,
                 memswap_limit=res.memory_mb * 1024 * 1024,
                 nano_cpus=int(res.cpu_count * 1e9),
@@ -1092,6 +1145,7 @@ class DockerProvider:
                 ],
                 init=False,
                 auto_remove=False,
+                runtime=runtime,
             )
             try:
                 created = api.create_container(
@@ -1109,6 +1163,11 @@ class DockerProvider:
                 # The container name makes sandbox ids unique per installation, atomically.
                 if exc.status_code == 409:
                     raise InvalidRequest(f"Sandbox {spec.sandbox_id} already exists.") from exc
+                if "runtime" in str(exc.explanation or ""):
+                    raise ProviderNotConfigured(
+                        f"The Docker engine has no runtime {runtime!r} ({exc.explanation}); "
+                        "register it (scripts/docker-up.sh registers runsc and runsc-net)."
+                    ) from exc
                 raise
         cid = created["Id"]
         try:
@@ -1232,10 +1291,23 @@ class DockerProvider:
         started = time.perf_counter()
         with _translate():
             self._api().ping()
+            runtimes = self._api().info().get("Runtimes") or {} if self.runtime != "runc" else {}
         latency = (time.perf_counter() - started) * 1000.0
-        return ProviderHealth(
-            ok=True, detail=f"docker engine at {self.base_url}", latency_ms=latency
-        )
+        detail = f"docker engine at {self.base_url}"
+        if self.runtime != "runc":
+            wanted = [self.runtime]
+            if self.isolation == GVISOR:
+                wanted.append(self.gvisor_network_runtime)
+            missing = [name for name in wanted if name not in runtimes]
+            if missing:
+                return ProviderHealth(
+                    ok=False,
+                    detail=f"{detail} has no runtime {', '.join(missing)} "
+                    "(scripts/docker-up.sh registers runsc and runsc-net)",
+                    latency_ms=latency,
+                )
+            detail = f"{detail}, runtime {self.runtime}"
+        return ProviderHealth(ok=True, detail=detail, latency_ms=latency)
 
     # -- execution -------------------------------------------------------------
 
@@ -1315,12 +1387,22 @@ class DockerProvider:
             )
         # No trailer: the wrapper itself died (OOM killer, pids limit) or hung.
         if transport_timeout:
-            self._kill_tag(cid, f"SANDPIT_EXEC={nonce}")
+            # A sandbox that died meanwhile is judged by its state below.
+            with suppress(SandboxGone):
+                self._kill_tag(cid, f"SANDPIT_EXEC={nonce}")
+        container = self._inspect(cid)
+        if not container["State"].get("Running"):
+            labels = container["Config"].get("Labels") or {}
+            if labels.get(self._label("isolation")) == GVISOR:
+                # gVisor's kernel is one set of host processes: the host's OOM killer or
+                # pids limit ends all of it, not the one process that overran.
+                raise ResourceExhausted(
+                    f"Sandbox {provider_id} stopped: under gVisor, running out of memory or "
+                    "processes ends the whole sandbox."
+                )
+            raise SandboxGone(f"Sandbox {provider_id} stopped while running the command.")
         with _translate(cid):
             info = self._api().exec_inspect(exec_id)
-            state = self._api().inspect_container(cid)["State"]
-        if not state.get("Running"):
-            raise SandboxGone(f"Sandbox {provider_id} stopped while running the command.")
         exit_code = info.get("ExitCode")
         if exit_code in (126, 127) and _RUNNER.encode() in bytes(frames.out) + err:
             raise ProviderUnavailable(

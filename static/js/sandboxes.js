@@ -16,7 +16,7 @@ async function loadProviders() {
     const { results } = await api("providers");
     providerSelect.replaceChildren(
       ...results.map((p) =>
-        h("option", { value: p.name, selected: p.default }, `${p.name}${p.health && !p.health.ok ? " (unhealthy)" : ""}`),
+        h("option", { value: p.name, selected: p.default }, `${p.name}${p.isolation === "gvisor" ? " (gVisor)" : ""}${p.health && !p.health.ok ? " (unhealthy)" : ""}`),
       ),
     );
     const current = results.find((p) => p.default) || results[0];
@@ -37,7 +37,7 @@ function row(sb) {
     { dataset: { id: sb.id } },
     h("td", {}, live ? h("a.mono", { href: `/sandboxes/${sb.id}/` }, sb.id) : h("span.mono", {}, sb.id)),
     h("td", {}, h("span", { class: stateClass(sb.state), title: sb.error_message || sb.destroy_reason || "" }, sb.state)),
-    h("td", {}, sb.provider),
+    h("td", {}, sb.isolation === "gvisor" ? `${sb.provider} (gVisor)` : sb.provider),
     h("td.hide-sm", {}, sb.template),
     h("td.hide-sm", {}, mem, sb.network ? " · net" : ""),
     h("td", { title: sb.created_at }, ago(sb.created_at)),

@@ -24,9 +24,22 @@ def docker_provider():  # type: ignore[no-untyped-def]
     return docker_provider_or_skip()
 
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(scope="session")
+def docker_runsc_provider():  # type: ignore[no-untyped-def]
+    from tests.docker_support import docker_runsc_provider_or_skip
+
+    return docker_runsc_provider_or_skip()
+
+
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("docker-runsc", marks=pytest.mark.docker),
+    ]
+)
 def provider(request) -> SandboxProvider:  # type: ignore[no-untyped-def]
-    return request.getfixturevalue(f"{request.param}_provider")
+    return request.getfixturevalue(f"{request.param.replace('-', '_')}_provider")
 
 
 @pytest.fixture
