@@ -19,6 +19,7 @@ from django.conf import settings  # noqa: E402
 from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
 
 from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
+from e2bcompat.asgi import E2BRouter  # noqa: E402
 from sandboxes.routing import http_app, websocket_urlpatterns  # noqa: E402
 
 Origin = tuple[str, str, int]
@@ -152,7 +153,7 @@ def origin_checked(app: Any) -> Any:
 
 application = ProtocolTypeRouter(
     {
-        "http": http_app(django_asgi_app),
+        "http": E2BRouter(http_app(django_asgi_app)),
         "websocket": origin_checked(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -331,6 +331,9 @@ SANDPIT_MAX_OUTPUT_BYTES = env_int("SANDPIT_MAX_OUTPUT_BYTES", 1024 * 1024)
 SANDPIT_MAX_COMMAND_TIMEOUT_S = env_int("SANDPIT_MAX_COMMAND_TIMEOUT_S", 300)
 SANDPIT_IDLE_TIMEOUT_S = env_int("SANDPIT_IDLE_TIMEOUT_S", 15 * 60)
 SANDPIT_MAX_LIFETIME_S = env_int("SANDPIT_MAX_LIFETIME_S", 24 * 3600)
+# The E2B-compatible API (e2bcompat/): the domain `sandbox.get_host(port)` answers under
+# (`<port>-<sandbox id>.<domain>`, served by the preview proxy); empty: no host-named previews.
+SANDPIT_E2B_DOMAIN = env_str("SANDPIT_E2B_DOMAIN", "")
 E2B_API_KEY = env_str("E2B_API_KEY")
 
 # --- `make run` (scripts/run.sh reads the same two for the server it starts) ------------------

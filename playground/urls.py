@@ -22,6 +22,7 @@ urlpatterns = [
     # The split view serves its start-up script as a file, not inline, so the CSP holds.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     re_path(r"^api/", errors.api_not_found),
+    path("e2b/", include("e2bcompat.urls")),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("metrics", metrics.metrics_view, name="metrics"),

@@ -1,0 +1,80 @@
+"""What the Connect RPC services share: who calls, and Sandpit's errors as Connect codes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from channels.db import database_sync_to_async
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+
+from playground.errors import ApplicationError
+from sandboxes.caller import Caller
+from sandboxes.models import Sandbox
+from sandboxes.providers.base import FileConflict, ProviderError
+
+from .auth import E2BAuthFailed, envd_sandbox
+
+T = TypeVar("T")
+
+_STATUS_CODES = {
+    400: Code.INVALID_ARGUMENT,
+    401: Code.UNAUTHENTICATED,
+    402: Code.PERMISSION_DENIED,
+    403: Code.PERMISSION_DENIED,
+    404: Code.NOT_FOUND,
+    409: Code.FAILED_PRECONDITION,
+    413: Code.RESOURCE_EXHAUSTED,
+    429: Code.RESOURCE_EXHAUSTED,
+    501: Code.UNIMPLEMENTED,
+    507: Code.RESOURCE_EXHAUSTED,
+}
+
+
+def connect_error(exc: Exception) -> ConnectError:
+    """Sandpit's error as the Connect error the SDK maps to its own exceptions. A sandbox
+    that is gone or not running answers UNAVAILABLE '... was not found', which the SDK
+    reads as SandboxNotRunningException."""
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, FileConflict):
+        return ConnectError(Code.ALREADY_EXISTS, exc.message)
+    if isinstance(exc, ApplicationError):
+        code, status, message = exc.code, exc.status_code, exc.message
+    elif isinstance(exc, ProviderError):
+        code, status, message = exc.code, exc.http_status, exc.message
+    else:
+        raise exc
+    if code in ("sandbox_not_running", "sandbox_gone") or status == 410:
+        return ConnectError(Code.UNAVAILABLE, f"The sandbox was not found: {message}")
+    return ConnectError(_STATUS_CODES.get(status, Code.UNAVAILABLE), message)
+
+
+async def envd_caller(ctx: RequestContext[Any, Any]) -> tuple[Caller, Sandbox]:
+    """The Caller and sandbox of an RPC, through the same tenancy selector as Sandpit's own
+    API (another organization's sandbox: NOT_FOUND)."""
+    headers = {k.lower(): v for k, v in ctx.request_headers.items()}
+    try:
+        principal, sandbox = await database_sync_to_async(envd_sandbox)(headers)
+    except E2BAuthFailed as exc:
+        raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from None
+    except ApplicationError as exc:
+        raise connect_error(exc) from None
+    return Caller(principal), sandbox
+
+
+async def call(fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """A synchronous service in the ORM thread, its errors as Connect errors."""
+    try:
+        return await database_sync_to_async(fn)(**kwargs)
+    except (ApplicationError, ProviderError) as exc:
+        raise connect_error(exc) from None
+
+
+async def guarded(awaitable: Awaitable[T]) -> T:
+    try:
+        return await awaitable
+    except (ApplicationError, ProviderError) as exc:
+        raise connect_error(exc) from None

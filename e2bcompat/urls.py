@@ -1,0 +1,20 @@
+"""/e2b/...: E2B's control plane and envd's HTTP endpoints (the RPC services are routed in
+e2bcompat/asgi.py, in front of Django)."""
+
+from __future__ import annotations
+
+from django.urls import path, re_path
+
+from . import control
+
+urlpatterns = [
+    path("sandboxes", control.SandboxesApi.as_view()),
+    path("v2/sandboxes", control.SandboxesApi.as_view()),
+    path("sandboxes/<str:sandbox_id>", control.SandboxApi.as_view()),
+    path("sandboxes/<str:sandbox_id>/timeout", control.SandboxTimeoutApi.as_view()),
+    path("sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),
+    path("v2/sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),
+    path("files", control.FilesApi.as_view()),
+    path("health", control.HealthApi.as_view()),
+    re_path(r"^.*$", control.NotSupportedApi.as_view()),
+]
