@@ -13,7 +13,7 @@ from playground.errors import Forbidden
 from . import services
 from .models import ApiKey, Invitation, Membership
 from .permissions import HasOrganization, IsOrganizationManager, principal_of
-from .selectors import api_keys_for_org
+from .selectors import api_keys_for_org, invitation_get_for_org
 
 
 class ApiKeyOutput(serializers.ModelSerializer):
@@ -167,8 +167,54 @@ class InvitationListApi(APIView):
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         issued = services.invitation_create(
-            actor=principal.user, organization=principal.organization, **data.validated_data
+            actor=principal.user,
+            organization=principal.organization,
+            base_url=_site(request),
+            **data.validated_data,
         )
-        body = InvitationOutput(issued.invitation).data
-        body["url"] = request.build_absolute_uri(f"/invitations/{issued.token}/")
-        return Response(body, status=status.HTTP_201_CREATED)
+        return Response(_issued_body(request, issued), status=status.HTTP_201_CREATED)
+
+
+def _site(request) -> str:  # type: ignore[no-untyped-def]
+    """This site's scheme and host, for links in mail."""
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+def _issued_body(request, issued: services.IssuedInvitation) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    body = dict(InvitationOutput(issued.invitation).data)
+    # The link is also returned so a manager can share it when the mail did not go out.
+    body["url"] = request.build_absolute_uri(services.invitation_path(issued.token))
+    body["emailed"] = issued.emailed
+    return body
+
+
+class InvitationDetailApi(APIView):
+    """DELETE: cancel a pending invitation (its link stops working); 204 either way."""
+
+    permission_classes = [IsOrganizationManager]
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, invitation_id: int):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        invitation = invitation_get_for_org(
+            organization=principal.organization, invitation_id=invitation_id
+        )
+        services.invitation_revoke(actor=principal.user, invitation=invitation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationResendApi(APIView):
+    """POST: mail a pending invitation again with a new link and expiry (the old link ends)."""
+
+    permission_classes = [IsOrganizationManager]
+
+    @extend_schema(request=None, responses=InvitationOutput)
+    def post(self, request, invitation_id: int):  # type: ignore[no-untyped-def]
+        principal = principal_of(request)
+        invitation = invitation_get_for_org(
+            organization=principal.organization, invitation_id=invitation_id
+        )
+        issued = services.invitation_resend(
+            actor=principal.user, invitation=invitation, base_url=_site(request)
+        )
+        return Response(_issued_body(request, issued))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from .models import MANAGER_ROLES, ApiKey, Membership, Organization, Role, User
+from playground.errors import NotFound
+
+from .models import MANAGER_ROLES, ApiKey, Invitation, Membership, Organization, Role, User
 
 
 def organizations_for_user(user: User) -> QuerySet[Organization]:
@@ -45,3 +47,15 @@ def organization_manager_emails(organization: Organization) -> list[str]:
     ).select_related("user")
     ordered = sorted(memberships, key=lambda m: (m.role != Role.OWNER, m.user.email))
     return [m.user.email for m in ordered]
+
+
+def invitation_get_for_org(*, organization: Organization, invitation_id: int) -> Invitation:
+    """One of `organization`'s invitations. Raises NotFound for any other id (never 403)."""
+    invitation = (
+        Invitation.objects.select_related("organization")
+        .filter(organization=organization, pk=invitation_id)
+        .first()
+    )
+    if invitation is None:
+        raise NotFound("No such invitation.", code="not_found")
+    return invitation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,6 +19,8 @@ from django.utils.text import slugify
 from playground.errors import ApplicationError, Conflict, Forbidden, NotFound
 
 from .models import ApiKey, Invitation, Membership, Organization, Role, User
+
+logger = logging.getLogger(__name__)
 
 API_KEY_PREFIX = "sp_"
 _LOOKUP_CHARS = 8  # characters after "sp_" kept in clear for lookup and display
@@ -112,16 +115,31 @@ def signup_request_read(token: str) -> SignupRequest:
         ) from None
 
 
-def user_signup(*, email: str, password: str, organization_name: str | None = None) -> User:
-    """Create a user and, unless they join by invitation later, a personal organization.
+def user_signup(
+    *,
+    email: str,
+    password: str,
+    organization_name: str | None = None,
+    invitation_token: str | None = None,
+) -> User:
+    """Create a user, who joins the organization of `invitation_token` when that invitation is
+    for this address and still open, or else gets a personal organization.
 
-    Called once the address is confirmed (see signup_request). Raises Conflict `email_taken`.
+    Called once the address is confirmed (see signup_request), so an invitation is only ever
+    redeemed by its own address. Raises Conflict `email_taken`.
     """
     email = email.strip().lower()
     if User.objects.filter(email__iexact=email).exists():
         raise Conflict("An account with this email already exists.", code="email_taken")
     with transaction.atomic():
         user = User.objects.create_user(email=email, password=password)
+        if invitation_token:
+            try:
+                with transaction.atomic():
+                    invitation_accept(token=invitation_token, user=user)
+                return user
+            except ApplicationError:
+                pass  # another address's, revoked, used or expired: an ordinary signup
         organization_create(name=organization_name or email.split("@")[0], owner=user)
     return user
 
@@ -208,12 +226,46 @@ class IssuedInvitation:
     invitation: Invitation
     token: str
     """The secret part of the link; shown once."""
+    emailed: bool = False
+    """Whether the mail with the link went out (False: not asked to, or the mail server failed;
+    the link can still be shared by hand)."""
+
+
+def invitation_path(token: str) -> str:
+    return f"/invitations/{token}/"
+
+
+def _invitation_mail(*, invitation: Invitation, token: str, actor: User, base_url: str) -> bool:
+    """Mail the invitation's link to the invited address. False when the mail server refused."""
+    organization = invitation.organization
+    try:
+        send_mail(
+            f"{actor.email} invited you to {organization.name} on Sandpit",
+            f"{actor.email} invited you to join the organization {organization.name} on Sandpit "
+            f"as {invitation.get_role_display().lower()}.\n\n"
+            f"Accept the invitation: {base_url}{invitation_path(token)}\n\n"
+            "No Sandpit account yet? Open the link and create one with this address "
+            f"({invitation.email}); you join {organization.name} as soon as it exists.\n"
+            f"The link works once, until {invitation.expires_at:%Y-%m-%d %H:%M} UTC.\n",
+            None,
+            [invitation.email],
+        )
+    except Exception:  # noqa: BLE001 - the invitation stands; the manager can share the link
+        logger.warning("mailing invitation %s failed", invitation.pk, exc_info=True)
+        return False
+    return True
 
 
 def invitation_create(
-    *, actor: User, organization: Organization, email: str, role: str = Role.MEMBER
+    *,
+    actor: User,
+    organization: Organization,
+    email: str,
+    role: str = Role.MEMBER,
+    base_url: str | None = None,
 ) -> IssuedInvitation:
-    """Create a single-use invitation link valid for INVITATION_TTL_HOURS."""
+    """Create a single-use invitation link valid for INVITATION_TTL_HOURS and, given the site's
+    `base_url`, mail it to the invited address (through EMAIL_BACKEND)."""
     actor_membership = membership_require_manager(user=actor, organization=organization)
     if role == Role.OWNER and actor_membership.role != Role.OWNER:
         raise Forbidden("Only owners can invite owners.", code="role_required")
@@ -228,7 +280,31 @@ def invitation_create(
         created_by=actor,
         expires_at=timezone.now() + timedelta(hours=settings.INVITATION_TTL_HOURS),
     )
-    return IssuedInvitation(invitation=invitation, token=token)
+    emailed = bool(base_url) and _invitation_mail(
+        invitation=invitation, token=token, actor=actor, base_url=str(base_url)
+    )
+    return IssuedInvitation(invitation=invitation, token=token, emailed=emailed)
+
+
+def invitation_resend(*, actor: User, invitation: Invitation, base_url: str) -> IssuedInvitation:
+    """Mail a pending invitation again, with a new link and a new expiry; the old link stops
+    working (only a hash of a link is kept, so the old one cannot be sent again).
+
+    Raises Forbidden (not a manager), Conflict `invitation_not_pending` (accepted or revoked).
+    """
+    membership_require_manager(user=actor, organization=invitation.organization)
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        locked = Invitation.objects.select_for_update().get(pk=invitation.pk)
+        if locked.accepted_at is not None or locked.revoked_at is not None:
+            raise Conflict(
+                "Only a pending invitation can be sent again.", code="invitation_not_pending"
+            )
+        locked.token_hash = _sha256(token)
+        locked.expires_at = timezone.now() + timedelta(hours=settings.INVITATION_TTL_HOURS)
+        locked.save(update_fields=["token_hash", "expires_at"])
+    emailed = _invitation_mail(invitation=locked, token=token, actor=actor, base_url=base_url)
+    return IssuedInvitation(invitation=locked, token=token, emailed=emailed)
 
 
 def invitation_get_by_token(token: str) -> Invitation:
@@ -285,7 +361,21 @@ def invitation_accept(*, token: str, user: User) -> Membership:
     return membership
 
 
+def invitation_joined(*, token: str | None, user: User) -> Organization | None:
+    """The organization `user` joined by redeeming the invitation `token`, or None."""
+    if not token:
+        return None
+    invitation = (
+        Invitation.objects.select_related("organization")
+        .filter(token_hash=_sha256(token), accepted_by=user)
+        .first()
+    )
+    return invitation.organization if invitation else None
+
+
 def invitation_revoke(*, actor: User, invitation: Invitation) -> None:
+    """Cancel a pending invitation: its link stops working. Accepted ones are left as they are.
+    Raises Forbidden for non-managers."""
     membership_require_manager(user=actor, organization=invitation.organization)
     if invitation.revoked_at is None and invitation.accepted_at is None:
         invitation.revoked_at = timezone.now()

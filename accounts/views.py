@@ -11,7 +11,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -74,6 +74,17 @@ def signup(request):  # type: ignore[no-untyped-def]
     return render(request, "registration/signup.html", context)
 
 
+def _invitation_token_in(next_url: str) -> str | None:
+    """The invitation token when the signup started from an invitation link."""
+    try:
+        match = resolve(next_url.split("?", 1)[0]) if next_url else None
+    except Resolver404:
+        return None
+    if match is None or match.url_name != "accept-invitation":
+        return None
+    return str(match.kwargs["token"])
+
+
 def signup_confirm(request, token: str):  # type: ignore[no-untyped-def]
     """Step two, from the mailed link: choose a password; the account is created now."""
     try:
@@ -84,11 +95,13 @@ def signup_confirm(request, token: str):  # type: ignore[no-untyped-def]
         )
     form = SignupPasswordForm(request.POST or None, email=pending.email)
     if request.method == "POST" and form.is_valid():
+        invitation_token = _invitation_token_in(pending.next_url)
         try:
             user = services.user_signup(
                 email=pending.email,
                 password=form.cleaned_data["password"],
                 organization_name=pending.organization_name,
+                invitation_token=invitation_token,
             )
         except ApplicationError as exc:
             return render(
@@ -98,7 +111,14 @@ def signup_confirm(request, token: str):  # type: ignore[no-untyped-def]
                 status=exc.status_code,
             )
         login(request, user, backend=LOGIN_BACKEND)
-        response = redirect(safe_next(request, pending.next_url, reverse("dashboard")))
+        joined = services.invitation_joined(token=invitation_token, user=user)
+        if joined is not None:
+            # Signed up from the invitation with its address: already a member, no detour.
+            request.session["organization_id"] = joined.pk
+            messages.success(request, f"Welcome to Sandpit: you joined {joined.name}.")
+            response = redirect("dashboard")
+        else:
+            response = redirect(safe_next(request, pending.next_url, reverse("dashboard")))
         attempts.remember_browser(request, response, user.email)
         return response
     return render(request, "registration/signup_confirm.html", {"form": form, "pending": pending})

@@ -57,18 +57,66 @@ async function removeMember(m) {
 
 function invitationStatus(inv) {
   if (inv.accepted_at) return h("span.pill.ok", {}, "accepted");
-  if (inv.revoked_at) return h("span.pill", {}, "revoked");
+  if (inv.revoked_at) return h("span.pill", {}, "cancelled");
   if (inv.expires_at && Date.parse(inv.expires_at) < Date.now()) return h("span.pill", {}, "expired");
   return h("span.pill.warn", {}, "pending");
+}
+
+function invitationActions(inv) {
+  if (inv.accepted_at || inv.revoked_at) return null;
+  return [
+    h("button.small", { type: "button", onclick: () => resendInvitation(inv), "aria-label": `Resend invitation to ${inv.email}` }, "Resend"),
+    " ",
+    h("button.small.danger", { type: "button", onclick: () => cancelInvitation(inv), "aria-label": `Cancel invitation to ${inv.email}` }, "Cancel"),
+  ];
 }
 
 async function loadInvitations() {
   const invitations = await apiAll("invitations");
   $("invitations").replaceChildren(
     ...(invitations.length
-      ? invitations.map((i) => h("tr", {}, h("td", {}, i.email), h("td", {}, i.role), h("td", {}, invitationStatus(i)), h("td.hide-sm", {}, dateTime(i.expires_at))))
-      : [h("tr", {}, h("td.empty", { colspan: 4 }, "No invitations yet."))]),
+      ? invitations.map((i) =>
+          h(
+            "tr",
+            { dataset: { invitation: i.id } },
+            h("td", {}, i.email),
+            h("td", {}, i.role),
+            h("td", {}, invitationStatus(i)),
+            h("td.hide-sm", {}, dateTime(i.expires_at)),
+            h("td.actions", {}, invitationActions(i)),
+          ),
+        )
+      : [h("tr", {}, h("td.empty", { colspan: 5 }, "No invitations yet."))]),
   );
+}
+
+function invitationSent(inv, verb) {
+  const copy = h("button.small", { type: "button", onclick: async () => toast((await copyText(inv.url)) ? "Link copied" : "Copy failed") }, "Copy link");
+  return inv.emailed
+    ? h("div.alert.info", { role: "status" }, `Invitation ${verb} to ${inv.email}. They can also use this link: `, h("code", {}, inv.url), " ", copy)
+    : h("div.alert.warn", { role: "status" }, `The mail to ${inv.email} could not be sent; share this link with them instead: `, h("code", {}, inv.url), " ", copy);
+}
+
+async function resendInvitation(inv) {
+  try {
+    const sent = await api(`invitations/${inv.id}/resend`, { method: "POST" });
+    $("invite-result").replaceChildren(invitationSent(sent, "sent again"));
+    loadInvitations();
+  } catch (err) {
+    toast(err, { error: true });
+  }
+}
+
+async function cancelInvitation(inv) {
+  if (!confirm(`Cancel the invitation to ${inv.email}? Its link stops working.`)) return;
+  try {
+    await api(`invitations/${inv.id}`, { method: "DELETE" });
+    toast(`Invitation to ${inv.email} cancelled`);
+    $("invite-result").replaceChildren();
+    loadInvitations();
+  } catch (err) {
+    toast(err, { error: true });
+  }
 }
 
 function keyStatus(k) {
@@ -126,9 +174,7 @@ if (canManage) {
     out.replaceChildren();
     try {
       const inv = await api("invitations", { method: "POST", body: { email: form.email.value, role: form.role.value } });
-      out.replaceChildren(
-        h("div.alert.info", {}, `Invitation for ${inv.email} created. Share this link: `, h("code", {}, inv.url), " ", h("button.small", { type: "button", onclick: async () => toast((await copyText(inv.url)) ? "Link copied" : "Copy failed") }, "Copy")),
-      );
+      out.replaceChildren(invitationSent(inv, "emailed"));
       form.reset();
       loadInvitations();
     } catch (err) {

@@ -235,6 +235,25 @@ def test_revoked_keys_secret_leaves_the_screen(page, org_owner):  # type: ignore
     assert secret not in page.content()
 
 
+def test_team_page_cancels_and_resends_invitations(page, org_owner):  # type: ignore[no-untyped-def]
+    login(page, org_owner.email)
+    page.goto("/team/")
+    page.fill("#invite-email", "friend@example.com")
+    page.click("#invite-form button[type=submit]")
+    page.locator("#invite-result").get_by_text(
+        "Invitation emailed to friend@example.com"
+    ).wait_for()
+    row = page.locator("#invitations tr", has_text="friend@example.com")
+    first_link = page.locator("#invite-result code").inner_text()
+    row.get_by_role("button", name="Resend invitation to friend@example.com").click()
+    page.locator("#invite-result").get_by_text("sent again").wait_for()
+    assert page.locator("#invite-result code").inner_text() != first_link
+    page.once("dialog", lambda d: d.accept())
+    row.get_by_role("button", name="Cancel invitation to friend@example.com").click()
+    row.get_by_text("cancelled").wait_for()
+    assert row.get_by_role("button").count() == 0
+
+
 def test_logged_out_visitor_sees_what_sandpit_is(strict_page, server):  # type: ignore[no-untyped-def]
     strict_page.goto("/")
     assert "/accounts/login" in strict_page.url
