@@ -7,8 +7,8 @@ Safe by construction, with several workers at once and across crashes:
   (`sandbox_transition`; for idle reaps `sandbox_destroy(only_if_idle=True)`, a compare-and-set). Only the
   caller whose UPDATE matched calls `provider.destroy`, so two reapers never destroy one
   sandbox twice, and no lock is held while a provider call runs. We chose this over
-  `select_for_update(skip_locked=True)` (a transaction open across provider calls, which
-  the house style forbids) and over a Redis lock (one more moving part that can expire
+  `select_for_update(skip_locked=True)` (a transaction held open across provider calls,
+  which can take seconds and would hold row locks all that time) and over a Redis lock (one more moving part that can expire
   mid-run; it would only save duplicate reads, which are cheap).
 * The idle reap is a compare-and-set on (state, last_activity_at, timeout_s) as read
   before the checks: activity recorded in between (a keystroke, an API call, a process

@@ -8,7 +8,7 @@ from accounts.authentication import Principal
 from accounts.models import Organization
 from playground.errors import NotFound
 
-from .models import LIVE_STATES, Sandbox
+from .models import Sandbox
 
 
 def sandbox_get_for_principal(*, principal: Principal, sandbox_id: str) -> Sandbox:
@@ -25,17 +25,11 @@ def sandbox_get_for_principal(*, principal: Principal, sandbox_id: str) -> Sandb
 def sandboxes_for_org(
     organization: Organization, *, include_destroyed: bool = False, state: str | None = None
 ) -> QuerySet[Sandbox]:
+    """The organization's sandboxes, newest first: in `state`, else all but destroyed ones
+    (unless `include_destroyed`)."""
     qs = Sandbox.objects.filter(organization=organization)
     if state:
         qs = qs.filter(state=state)
     elif not include_destroyed:
         qs = qs.exclude(state="destroyed")
     return qs.order_by("-created_at")
-
-
-def live_sandbox_count(organization: Organization) -> int:
-    return Sandbox.objects.filter(organization=organization, state__in=LIVE_STATES).count()
-
-
-def live_sandboxes() -> QuerySet[Sandbox]:
-    return Sandbox.objects.filter(state__in=LIVE_STATES).select_related("organization")
