@@ -33,10 +33,14 @@ def e2b_env(server, key_a, monkeypatch):  # type: ignore[no-untyped-def]  # noqa
 
 def usage(organization) -> Counter[str]:  # type: ignore[no-untyped-def]
     """Executions counted for the organization so far, by operation."""
+    from django.test import override_settings
+
     from billing.models import UsageEvent
     from billing.services import usage_flush
 
-    usage_flush()
+    # The server meters under its own installation's keys (tests/realtime/conftest.py).
+    with override_settings(SANDPIT_INSTALLATION="pytest-realtime"):
+        usage_flush()
     return Counter(
         UsageEvent.objects.filter(organization=organization).values_list("operation", flat=True)
     )
