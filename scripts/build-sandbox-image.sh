@@ -6,6 +6,8 @@
 # Idempotent and cached:
 #   * sandpit-sandbox:<hash of docker/sandbox/* and the package list> exists
 #     -> only (re)tag it sandpit-sandbox:latest;
+#   * prints the content tag (sandpit-sandbox:<hash>) on stdout: other checkouts on
+#     the machine retag :latest, the content tag names exactly this tree's image;
 #   * the debootstrap rootfs tarball is kept under /var/cache/sandpit/, so a
 #     rebuild after `docker system prune` skips the download;
 #   * sandpit-base:bookworm(-<package hash>) is re-imported only when the package
@@ -35,6 +37,7 @@ TAG="$IMAGE:$ctx_hash"
 if docker image inspect "$TAG" >/dev/null 2>&1; then
     docker tag "$TAG" "$IMAGE:latest"
     say "$TAG is up to date (tagged $IMAGE:latest) in $(($(now_ms) - t0)) ms"
+    echo "$TAG"
     exit 0
 fi
 
@@ -78,22 +81,11 @@ else
 fi
 
 t1=$(now_ms)
-# The command runner is C, compiled here (static: it must not depend on the
-# image's libc) into a copy of the context; the image itself has no compiler.
-if ! command -v "${CC:-gcc}" >/dev/null; then
-    say "a C compiler is needed to build the command runner: apt-get install gcc libc6-dev"
-    exit 1
-fi
+# The context plus the agent bundle, in a copy (the bundle is built from sandboxes/agent/).
 build_dir=$(mktemp -d)
 trap 'rm -rf "$build_dir"' EXIT
 cp -a "$CONTEXT/." "$build_dir/"
 python3 "$ROOT/sandboxes/providers/agent_bundle.py" "$build_dir" >/dev/null
-if ! "${CC:-gcc}" -static -O2 -Wall -Werror -o "$build_dir/sandpit-run" "$CONTEXT/sandpit-run.c" \
-    >"$build_dir/cc.log" 2>&1; then
-    say "compiling sandpit-run.c failed (is libc6-dev installed for -static?):"
-    cat "$build_dir/cc.log" >&2
-    exit 1
-fi
 # The classic builder needs no buildx plugin and no network for a FROM that
 # exists locally; --pull=false keeps it from ever asking a registry.
 if ! DOCKER_BUILDKIT=0 docker build --pull=false -t "$TAG" -t "$IMAGE:latest" "$build_dir" \
@@ -102,8 +94,10 @@ if ! DOCKER_BUILDKIT=0 docker build --pull=false -t "$TAG" -t "$IMAGE:latest" "$
     cat "$build_dir/build.log" >&2
     exit 1
 fi
-# Older content-hash tags are dead weight; an image still used by a container stays.
-for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$IMAGE" | grep -v -e ":latest$" -e "^$TAG$"); do
+# Older content-hash tags are dead weight, but other checkouts on this machine may be
+# testing with theirs: keep the newest few; an image still used by a container stays.
+for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$IMAGE" | grep -v -e ":latest$" -e "^$TAG$" | tail -n +5); do
     docker rmi "$old" >/dev/null 2>&1 || true
 done
 say "built $TAG (+ $IMAGE:latest) in $(($(now_ms) - t1)) ms; total $(($(now_ms) - t0)) ms"
+echo "$TAG"

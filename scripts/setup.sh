@@ -9,7 +9,7 @@ want_dev=0
 
 packages=(bubblewrap slirp4netns nftables)
 # runsc: the docker tests run a second time under gVisor.
-[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap gcc libc6-dev runsc)
+[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap runsc)
 
 missing=()
 for pkg in "${packages[@]}"; do

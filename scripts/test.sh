@@ -29,7 +29,8 @@ if ! ./scripts/docker-up.sh; then
   echo "==> no Docker engine could be started; docker tests will skip (or fail under CI=true)"
 fi
 if docker info >/dev/null 2>&1; then
-  ./scripts/build-sandbox-image.sh
+  # Its content tag, not :latest, which another checkout on this machine may retag.
+  image=$(./scripts/build-sandbox-image.sh) && export SANDPIT_DOCKER_IMAGE=${SANDPIT_DOCKER_IMAGE:-$image}
 fi
 
 export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sandpit}

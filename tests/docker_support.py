@@ -1,7 +1,9 @@
 """Getting a working DockerProvider for tests, or a clear skip.
 
 `docker_provider_or_skip()` starts the engine (scripts/docker-up.sh) and builds
-the sandbox image (scripts/build-sandbox-image.sh) once per test session. When
+the sandbox image (scripts/build-sandbox-image.sh) once per test session, and its
+providers use that image by its content tag: `sandpit-sandbox:latest` is whatever
+checkout on this machine built last, and may carry another agent. When
 that cannot work here the docker tests skip with the reason, except on CI
 (CI=true), where a missing engine must fail the build rather than hide it.
 """
@@ -14,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from sandboxes.providers.base import ProviderError
 from sandboxes.providers.docker import DockerProvider
@@ -27,6 +30,7 @@ _outcome: tuple[DockerProvider | None, str] | None = None
 
 
 def _prepare() -> tuple[DockerProvider | None, str]:
+    image = ""
     for script, timeout_s in (("docker-up.sh", 120), ("build-sandbox-image.sh", 900)):
         try:
             done = subprocess.run(
@@ -41,7 +45,15 @@ def _prepare() -> tuple[DockerProvider | None, str]:
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip()[-800:]
             return None, f"scripts/{script} failed (exit {done.returncode}): {tail}"
-    provider = DockerProvider(installation=TEST_INSTALLATION)
+        image = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if image and not os.environ.get("SANDPIT_DOCKER_IMAGE"):
+        # Run outside scripts/test.sh (which exports it): the servers and the settings
+        # this session builds providers from take this tree's image too.
+        os.environ["SANDPIT_DOCKER_IMAGE"] = image
+        settings.SANDPIT_DOCKER_IMAGE = image
+    provider = DockerProvider(
+        image=image or "sandpit-sandbox:latest", installation=TEST_INSTALLATION
+    )
     try:
         provider.health()
     except ProviderError as exc:
@@ -52,8 +64,8 @@ def _prepare() -> tuple[DockerProvider | None, str]:
 def docker_runsc_provider_or_skip() -> DockerProvider:
     """Like docker_provider_or_skip, with sandboxes under gVisor (scripts/docker-up.sh
     registers runsc with the engine); skips (fails on CI) where runsc is not registered."""
-    docker_provider_or_skip()
-    provider = DockerProvider(installation=TEST_INSTALLATION, runtime="runsc")
+    image = docker_provider_or_skip().image
+    provider = DockerProvider(image=image, installation=TEST_INSTALLATION, runtime="runsc")
     health = provider.health()
     if not health.ok:
         reason = health.detail

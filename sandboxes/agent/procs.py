@@ -9,6 +9,7 @@ import os
 import resource
 import time
 
+from . import spawn as libc_spawn
 from .wire import AgentError, send_line, socket
 
 IDLE_AFTER_EXIT_S = 0.05
@@ -202,21 +203,11 @@ def _limit_child(pid: int) -> None:
 def _posix_spawn(
     program: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]
 ) -> int | None:
-    """vfork+exec in a new session; None when exec failed (the fork path reports it)."""
-    try:
-        return os.posix_spawn(
-            program,
-            argv,
-            env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
-            setsid=True,
-            setsigmask=(),
-            # Python ignores SIGPIPE and SIGXFSZ, a script that started the server may
-            # have ignored more: user code starts with every default.
-            setsigdef=RESET_SIGNALS,
-        )
-    except OSError:
-        return None
+    """vfork+exec in a new session with every signal at its default (Python ignores
+    SIGPIPE and SIGXFSZ, a script that started the server may have ignored more; see
+    spawn.py for glibc's own two); None when exec failed or libc's posix_spawn is not
+    loaded yet (the fork path then starts the command, or reports the error)."""
+    return libc_spawn.spawn(program, argv, env, fds)
 
 
 def spawn(
@@ -235,6 +226,7 @@ def spawn(
     carries the limits and nothing else is needed (no terminal, the default cwd), else
     fork+exec with everything applied in the child."""
     program = _which(argv[0], env.get("PATH", ""))
+    libc_spawn.wait_loaded()
     if SPAWN_LIMITS["fast"] and not tty and cwd == WORKSPACE and program is not None:
         with REAPER.lock:
             pid = _posix_spawn(program, argv, env, fds)

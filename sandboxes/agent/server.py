@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 
-from . import PROTOCOL, execute, files, ports, procs, terminal
+from . import PROTOCOL, execute, files, ports, procs, spawn, terminal
 from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
 from .wire import CHUNK, AgentError, json_loads, read_line, recv_exact, send_line, socket, try_send
 
@@ -167,6 +167,7 @@ def main() -> None:
         return
     CONFIG.update(json_loads(sys.argv[1]))
     reset_inherited_signals()  # before any thread starts: they inherit the mask
+    spawn.start_loading()  # slow, and only the first command needs it: meanwhile
     if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
         limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code

@@ -94,6 +94,7 @@ def _build_docker() -> SandboxProvider:
         installation=settings.SANDPIT_INSTALLATION,
         runtime=settings.SANDPIT_DOCKER_RUNTIME,
         gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
+        agent_dir=settings.VAR_DIR / "docker-agents",
     )
 
 

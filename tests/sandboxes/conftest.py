@@ -31,11 +31,23 @@ def docker_runsc_provider():  # type: ignore[no-untyped-def]
     return docker_runsc_provider_or_skip()
 
 
+@pytest.fixture(scope="session")
+def docker_relay_provider():  # type: ignore[no-untyped-def]
+    """Docker reaching every agent through `docker exec` (the path of remote engines and
+    gVisor), forced here on runc and a local engine."""
+    from sandboxes.providers.docker import DockerProvider
+    from tests.docker_support import TEST_INSTALLATION, docker_provider_or_skip
+
+    image = docker_provider_or_skip().image
+    return DockerProvider(image=image, installation=TEST_INSTALLATION, relay=True)
+
+
 @pytest.fixture(
     params=[
         "local",
         pytest.param("docker", marks=pytest.mark.docker),
         pytest.param("docker-runsc", marks=pytest.mark.docker),
+        pytest.param("docker-relay", marks=pytest.mark.docker),
     ]
 )
 def provider(request) -> SandboxProvider:  # type: ignore[no-untyped-def]

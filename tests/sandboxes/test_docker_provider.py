@@ -19,6 +19,7 @@ from contextlib import suppress
 
 import pytest
 
+from sandboxes.providers import agent_bundle
 from sandboxes.providers.base import (
     ExecRequest,
     FileTooLarge,
@@ -30,7 +31,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.docker import _RUNNER, DockerProvider
+from sandboxes.providers.docker import DockerProvider
 from tests.docker_support import (
     TEST_INSTALLATION,
     docker_provider_or_skip,
@@ -460,18 +461,23 @@ def test_watch_pairs_moves_and_close_stops_the_watcher(docker_provider, make_san
     assert b"inotifywait" not in sh(docker_provider, sandbox, "ps -eo args").stdout
 
 
-def test_an_image_without_the_command_runner_fails_with_a_clear_error(docker_provider):  # type: ignore[no-untyped-def]
-    # Like an image built by an older Sandpit: the sandbox image minus the runner.
-    dockerfile = f"FROM {docker_provider.image}\nUSER root\nRUN rm {_RUNNER}\nUSER 1000:1000\n"
+def test_an_image_without_this_agent_fails_with_a_rebuild_hint(docker_provider):  # type: ignore[no-untyped-def]
+    # Like an image built from other Sandpit sources: the sandbox image minus this agent.
+    dockerfile = (
+        f"FROM {docker_provider.image}\nUSER root\n"
+        f"RUN rm {agent_bundle.image_path()}\nUSER 1000:1000\n"
+    )
     subprocess.run(
-        ["docker", "build", "--pull=false", "-q", "-t", "sandpit-sandbox:test-no-runner", "-"],
+        ["docker", "build", "--pull=false", "-q", "-t", "sandpit-sandbox:test-no-agent", "-"],
         input=dockerfile.encode(),
         env={**os.environ, "DOCKER_BUILDKIT": "0"},
         capture_output=True,
         check=True,
     )
     outdated = DockerProvider(
-        image="sandpit-sandbox:test-no-runner", installation=TEST_INSTALLATION
+        image="sandpit-sandbox:test-no-agent",
+        installation=TEST_INSTALLATION,
+        runtime=docker_provider.runtime,
     )
     provider_id = outdated.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
     try:
@@ -479,3 +485,22 @@ def test_an_image_without_the_command_runner_fails_with_a_clear_error(docker_pro
             outdated.exec(provider_id, ExecRequest(command="true"))
     finally:
         outdated.destroy(provider_id)
+
+
+def test_a_sandbox_of_another_sandpit_version_is_refused_and_can_be_destroyed(docker_provider):  # type: ignore[no-untyped-def]
+    # Like a container made before an upgrade: ours by its labels, running another agent.
+    name = f"sandpit-{TEST_INSTALLATION}-old-{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        [
+            "docker", "run", "-d", "--name", name, "--network", "none",
+            "--label", "sandpit.managed=1", "--label", f"sandpit.installation={TEST_INSTALLATION}",
+            docker_provider.image, "sleep", "infinity",
+        ],
+        capture_output=True,
+        check=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(ProviderUnavailable, match="another version of Sandpit"):
+            docker_provider.exec(name, ExecRequest(command="true"))
+    finally:
+        assert docker_provider.destroy(name) is True

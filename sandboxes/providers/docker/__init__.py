@@ -6,7 +6,14 @@ sees is a dataclass or error from `base`. Modules: provider (DockerProvider), er
 sessions (file watches).
 """
 
-from .provider import DockerProvider
+from .provider import CONTAINER, GVISOR, GVISOR_NETWORK_RUNTIME, DockerProvider, isolation_of
 from .sessions import DockerWatch
 
-__all__ = ["DockerProvider", "DockerWatch"]
+__all__ = [
+    "CONTAINER",
+    "GVISOR",
+    "GVISOR_NETWORK_RUNTIME",
+    "DockerProvider",
+    "DockerWatch",
+    "isolation_of",
+]

@@ -11,8 +11,11 @@
   socket sits in a per-sandbox host directory (`agent_dir/<container name>/`, mode
   0700, owned by the sandbox uid) bind-mounted at /run/sandpit, so a command costs a
   connect and no Engine call; each container sees only its own directory. A remote
-  engine (DOCKER_HOST tcp://) or gVisor, which cannot pass host Unix sockets, gets one
-  `docker exec` per connection running the agent's relay (relay.py).
+  engine (DOCKER_HOST tcp://) or gVisor, whose sockets live in its own kernel (a socket
+  the agent binds in a bind mount is invisible to the host), gets one `docker exec` per
+  connection running the agent's relay (relay.py).
+* gVisor: `runtime='runsc'` (or a spec's `runtime`) runs sandboxes in gVisor's user-space
+  kernel; networked ones take `gvisor_network_runtime` (see GVISOR_NETWORK_RUNTIME).
 * The image carries the agent at a path naming its content hash (agent_bundle.py): an
   image built from other sources lacks it, and the sandbox fails with a rebuild hint.
 * Terminals: the agent passes the PTY master to the host (SCM_RIGHTS), as in the local
@@ -20,7 +23,7 @@
 
 Notes on limits: tmpfs pages count against the container's memory limit, so `disk_mb`
 of workspace data uses memory. The pids limit is `pids + _PIDS_HEADROOM` so the agent
-and tini do not eat into the user's budget.
+and tini do not eat into the user's budget (scaled under gVisor: _host_pids_limit).
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ from sandboxes.providers.base import (
     ProcessInfo,
     ProviderError,
     ProviderHealth,
+    ProviderNotConfigured,
     ProviderUnavailable,
+    ResourceExhausted,
     SandboxGone,
     SandboxHandle,
     SandboxSpec,
@@ -94,6 +99,35 @@ _AGENT_START_S = 15.0
 _TRANSPORT_GRACE_S = 15.0
 """How long past a command's own timeout we wait for the agent's reply."""
 
+CONTAINER = "container"
+GVISOR = "gvisor"
+GVISOR_NETWORK_RUNTIME = "runsc-net"
+"""The gVisor runtime for networked sandboxes. The runsc Debian ships (2022-12) cannot use
+its own network stack in Docker's bridge namespaces on current kernels (it takes every
+namespace for the host's: it probes a sysctl that is no longer root-only), so networked
+sandboxes run with runsc's --network=host: sockets go to the host kernel, inside the
+container's own network namespace; everything else stays in gVisor. Offline sandboxes use
+`runsc` with --network=none: even loopback is gVisor's."""
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_GVISOR_HOST_PIDS_BASE = 96
+_GVISOR_HOST_PIDS_PER_PROCESS = 10
+"""runsc on the ptrace platform runs about 50 host threads of its own and 8-9 more per
+process inside (measured here): the host pids limit counts those, not sandbox processes."""
+
+
+def isolation_of(runtime: str) -> str:
+    """'gvisor' for a runsc runtime (by the name it is registered under), else 'container'."""
+    return GVISOR if runtime.startswith("runsc") else CONTAINER
+
+
+def _host_pids_limit(pids: int, runtime: str) -> int:
+    """The engine's pids limit: the sandbox's processes plus Sandpit's helpers, scaled
+    under gVisor to the host threads that many sandbox processes cost."""
+    if isolation_of(runtime) == GVISOR:
+        return _GVISOR_HOST_PIDS_BASE + (pids + _PIDS_HEADROOM) * _GVISOR_HOST_PIDS_PER_PROCESS
+    return pids + _PIDS_HEADROOM
+
+
 _LANGUAGES: dict[str, tuple[list[str], list[str], str]] = {
     # language -> (argv before inline code, argv before a code file, the file's suffix)
     "python": (["python3", "-c"], ["python3"], ".py"),
@@ -109,6 +143,8 @@ class _Target:
     cid: str
     socket_dir: Path | None
     """The host directory holding agent.sock; None: through a relay exec."""
+    agent: str = ""
+    """The agent bundle the container runs (its command's path in the image)."""
 
 
 class DockerProvider:
@@ -125,8 +161,16 @@ class DockerProvider:
         installation: str = "default",
         max_file_bytes: int = 50 * 1024 * 1024,
         agent_dir: str | Path | None = None,
+        runtime: str = "runc",
+        gvisor_network_runtime: str = GVISOR_NETWORK_RUNTIME,
+        relay: bool = False,
     ) -> None:
+        """`relay=True` reaches every agent through `docker exec` even with a local engine
+        (what remote engines and gVisor sandboxes always do; tests force it to cover it)."""
         self.image = image
+        self.runtime = runtime
+        self.gvisor_network_runtime = gvisor_network_runtime
+        self.force_relay = relay
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self.label_prefix = label_prefix
         self.installation = installation
@@ -138,6 +182,22 @@ class DockerProvider:
         self._lock = threading.Lock()
         self._targets: dict[str, _Target] = {}
         self._cpu_samples: dict[str, tuple[int, int]] = {}
+
+    @property
+    def isolation(self) -> str:
+        """What stands between sandboxes and the host kernel by default: 'container'
+        (namespaces and cgroups, runc) or 'gvisor' (a user-space kernel, runsc)."""
+        return isolation_of(self.runtime)
+
+    def _runtime_for(self, spec: SandboxSpec) -> str:
+        """The Docker runtime a sandbox runs under: the spec's, else ours; a networked
+        gVisor sandbox takes the gVisor runtime registered for Docker's bridge."""
+        runtime = spec.runtime or self.runtime
+        if not _RUNTIME_NAME.fullmatch(runtime):
+            raise InvalidRequest(f"Invalid Docker runtime name {runtime!r}.")
+        if spec.network and isolation_of(runtime) == GVISOR:
+            return self.gvisor_network_runtime
+        return runtime
 
     # -- plumbing ----------------------------------------------------------
 
@@ -171,7 +231,9 @@ class DockerProvider:
         for mount in info.get("Mounts") or []:
             if mount.get("Destination") == AGENT_RUN_DIR and mount.get("Type") == "bind":
                 socket_dir = Path(mount["Source"])
-        target = _Target(provider_id, socket_dir)
+        command = info["Config"].get("Cmd") or []
+        agent = next((arg for arg in command if arg.startswith(agent_bundle.IMAGE_DIR)), "")
+        target = _Target(provider_id, socket_dir, agent)
         if info["Id"].startswith(provider_id):
             self._targets[provider_id] = target
         return target
@@ -216,6 +278,13 @@ class DockerProvider:
     def _connect(self, provider_id: str, timeout: float) -> socket.socket:
         """A connection to the sandbox's agent (waiting for it to listen after create)."""
         target = self._target(provider_id)
+        if target.agent != agent_bundle.image_path():
+            # Made by another Sandpit version: its agent may speak another protocol.
+            raise ProviderUnavailable(
+                f"Sandbox {provider_id} was created by another version of Sandpit (its "
+                f"agent is {target.agent or 'missing'}, this server's is "
+                f"{agent_bundle.file_name()}); destroy it and create a new one."
+            )
         if target.socket_dir is None:
             return self._relay(target, timeout)
         deadline = time.monotonic() + _AGENT_START_S
@@ -251,7 +320,10 @@ class DockerProvider:
         if int(time.monotonic() * 1000) % 50 < 3:  # now and then, ask the engine
             self._raise_if_stopped(target)
 
-    def _raise_if_stopped(self, target: _Target) -> None:
+    def _raise_if_stopped(self, target: _Target, during_call: bool = False) -> None:
+        """Nothing while the container runs; else why it does not: an image without this
+        agent (ProviderUnavailable with a rebuild hint), a gVisor sandbox that died
+        `during_call` (ResourceExhausted), or SandboxGone."""
         info = self._inspect(target.cid)
         if info["State"].get("Running"):
             return
@@ -259,14 +331,26 @@ class DockerProvider:
             logs = self._api().logs(target.cid, stdout=True, stderr=True, tail=20)
         if b"can't open file" in logs and agent_bundle.IMAGE_DIR.encode() in logs:
             raise ProviderUnavailable(
-                f"The sandbox image has no {agent_bundle.image_path()}: it was built from "
-                "other Sandpit sources. Rebuild it with scripts/build-sandbox-image.sh."
+                f"The sandbox image {info['Config'].get('Image')} has no "
+                f"{agent_bundle.image_path()}: it was built from other Sandpit sources. "
+                "Rebuild it with scripts/build-sandbox-image.sh."
             )
+        labels = info["Config"].get("Labels") or {}
+        if during_call and labels.get(self._label("isolation")) == GVISOR:
+            # gVisor's kernel is one set of host processes: the host's OOM killer or pids
+            # limit ends all of it, not the one process that overran.
+            raise ResourceExhausted(
+                f"Sandbox {target.cid} stopped: under gVisor, running out of memory or "
+                "processes ends the whole sandbox."
+            )
+        if during_call:
+            raise SandboxGone(f"Sandbox {target.cid} stopped while running the command.")
         raise SandboxGone(f"Sandbox {target.cid} is not running.")
 
     def _lost(self, target: _Target, exc: Exception) -> ProviderError:
+        """The error for a connection to the agent that broke mid-call."""
         try:
-            self._raise_if_stopped(target)
+            self._raise_if_stopped(target, during_call=True)
         except ProviderError as gone:
             return gone
         return ProviderError(f"Lost the sandbox agent: {exc!r}")
@@ -297,9 +381,12 @@ class DockerProvider:
 
     # -- lifecycle -----------------------------------------------------------
 
-    def _agent_mount(self, name: str) -> tuple[dict[str, Any], dict[str, str], Path | None]:
-        """(binds, tmpfs, host dir) for the agent's run directory."""
-        if not self.local_engine:
+    def _agent_mount(
+        self, name: str, runtime: str
+    ) -> tuple[dict[str, Any], dict[str, str], Path | None]:
+        """(binds, tmpfs, host dir) for the agent's run directory: a host directory the
+        socket appears in, or (relay) a tmpfs only the container sees."""
+        if not self.local_engine or self.force_relay or isolation_of(runtime) == GVISOR:
             tmpfs = {AGENT_RUN_DIR: f"rw,nosuid,nodev,size=1m,uid={_SANDBOX_UID},mode=0700"}
             return {}, tmpfs, None
         self.agent_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -328,11 +415,13 @@ class DockerProvider:
         )
         if not _SANDBOX_ID.fullmatch(spec.sandbox_id):
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'.")
+        runtime = self._runtime_for(spec)
+        labels[self._label("isolation")] = isolation_of(runtime)
         # HOME is the workspace, as in the local provider.
         env = ["HOME=/workspace", *_check_env(spec.env)]
         name = f"{self.label_prefix}-{self.installation}-{spec.sandbox_id}"
         disk_bytes = res.disk_mb * 1024 * 1024
-        binds, agent_tmpfs, host_dir = self._agent_mount(name)
+        binds, agent_tmpfs, host_dir = self._agent_mount(name, runtime)
         socket_mode = 0o600 if os.geteuid() == 0 else 0o666
         command = [
             # The mark hides the agent from process listings; its children drop it.
@@ -350,7 +439,7 @@ class DockerProvider:
                 host_config = api.create_host_config(
                     cap_drop=["ALL"],
                     security_opt=["no-new-privileges:true"],
-                    pids_limit=res.pids + _PIDS_HEADROOM,
+                    pids_limit=_host_pids_limit(res.pids, runtime),
                     mem_limit=res.memory_mb * 1024 * 1024,
                     memswap_limit=res.memory_mb * 1024 * 1024,
                     nano_cpus=int(res.cpu_count * 1e9),
@@ -370,6 +459,7 @@ class DockerProvider:
                     ],
                     init=False,
                     auto_remove=False,
+                    runtime=runtime,
                 )
                 try:
                     created = api.create_container(
@@ -388,6 +478,11 @@ class DockerProvider:
                     # The container name makes sandbox ids unique per installation, atomically.
                     if exc.status_code == 409:
                         raise InvalidRequest(f"Sandbox {spec.sandbox_id} already exists.") from exc
+                    if "runtime" in str(exc.explanation or ""):
+                        raise ProviderNotConfigured(
+                            f"The Docker engine has no runtime {runtime!r} ({exc.explanation}); "
+                            "register it (scripts/docker-up.sh registers runsc and runsc-net)."
+                        ) from exc
                     raise
         except BaseException:
             if host_dir is not None and not _in_use_by_other(host_dir):
@@ -406,7 +501,7 @@ class DockerProvider:
             if host_dir is not None:
                 shutil.rmtree(host_dir, ignore_errors=True)
             raise
-        self._targets[cid] = _Target(cid, host_dir)
+        self._targets[cid] = _Target(cid, host_dir, agent_bundle.image_path())
         return self._handle(cid, "running", datetime.now(UTC), labels)
 
     def get(self, provider_id: str) -> SandboxHandle:
@@ -515,14 +610,28 @@ class DockerProvider:
         )
 
     def health(self) -> ProviderHealth:
-        """Ping the engine. Raises ProviderUnavailable when it does not answer."""
+        """Ping the engine (and, for another runtime than runc, check the engine has it).
+        Raises ProviderUnavailable when it does not answer."""
         started = time.perf_counter()
         with translate():
             self._api().ping()
+            runtimes = self._api().info().get("Runtimes") or {} if self.runtime != "runc" else {}
         latency = (time.perf_counter() - started) * 1000.0
-        return ProviderHealth(
-            ok=True, detail=f"docker engine at {self.base_url}", latency_ms=latency
-        )
+        detail = f"docker engine at {self.base_url}"
+        if self.runtime != "runc":
+            wanted = [self.runtime]
+            if self.isolation == GVISOR:
+                wanted.append(self.gvisor_network_runtime)
+            missing = [name for name in wanted if name not in runtimes]
+            if missing:
+                return ProviderHealth(
+                    ok=False,
+                    detail=f"{detail} has no runtime {', '.join(missing)} "
+                    "(scripts/docker-up.sh registers runsc and runsc-net)",
+                    latency_ms=latency,
+                )
+            detail = f"{detail}, runtime {self.runtime}"
+        return ProviderHealth(ok=True, detail=detail, latency_ms=latency)
 
     # -- execution -------------------------------------------------------------
 

@@ -1,0 +1,153 @@
+"""posix_spawn through libc itself, so that commands start with every signal at its default.
+
+Python's os.posix_spawn cannot: its signal set refuses glibc's two internal signals
+(32 and 33, below SIGRTMIN), and glibc's posix_spawn then sets both to SIG_IGN in the
+child, which exec keeps. A program that is not glibc's (Go, musl, a JIT) would start
+with them ignored. posix_spawnattr_setsigdefault copies the set as it is, so a set built
+here by hand, with those two bits on, gives the child every signal at its default.
+
+The same two can also be ignored in the agent itself: in a Docker container every
+process starts with signal 32 ignored (the engine's processes ignore it, and ignored
+signals survive exec), and the agent's forked children would inherit that. Python's
+signal module cannot touch them either, so `_load` sets an ignored one back to its
+default with the raw rt_sigaction system call.
+
+ctypes costs 10-40 ms to import: `start_loading()` imports it on a thread of its own as
+the agent starts, and `wait_loaded()` holds the first command until it is done.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+from typing import Any
+
+_SETSIGDEF = 0x04
+_SETSIGMASK = 0x08
+_SETSID = 0x80
+"""glibc's POSIX_SPAWN_* flags (SETSID since glibc 2.26)."""
+_SIGSET_BYTES = 128
+"""sizeof(sigset_t) in glibc: 1024 bits."""
+_ATTR_BYTES = 1024
+_ACTIONS_BYTES = 1024
+"""Room for posix_spawnattr_t (336 bytes on x86-64) and posix_spawn_file_actions_t (80)."""
+_NO_DEFAULT = (9, 19)
+"""SIGKILL and SIGSTOP: their dispositions cannot be changed."""
+
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+"""The rt_sigaction system call's number, where we know it."""
+_KERNEL_SIGACTION_BYTES = 64
+"""Room for the kernel's struct sigaction (32 bytes on x86-64); all zeros is SIG_DFL."""
+_SIG_IGN = 1
+_LOAD_WAIT_S = 10.0
+
+_state: dict[str, Any] = {}
+_loaded = _thread.allocate_lock()
+_loaded.acquire()
+
+
+def start_loading() -> None:
+    """Load libc's posix_spawn on a thread of its own (see the module docstring)."""
+    if sys.platform == "linux":
+        _thread.start_new_thread(_load, ())
+    else:
+        _loaded.release()
+
+
+def wait_loaded() -> None:
+    """Until `_load` is done (or gave up), so that no command starts before the agent's
+    own ignored internal signals are reset."""
+    if not _state.get("done") and _loaded.acquire(True, _LOAD_WAIT_S):
+        _loaded.release()
+
+
+def _load() -> None:
+    try:
+        _load_libc()
+    finally:
+        _state["done"] = True
+        _loaded.release()
+
+
+def _load_libc() -> None:
+    try:
+        import ctypes  # noqa: PLC0415 - slow to import; see the module docstring
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for function in (  # AttributeError where this libc lacks one
+            libc.posix_spawn,
+            libc.posix_spawnattr_init,
+            libc.posix_spawnattr_setflags,
+            libc.posix_spawnattr_setsigdefault,
+            libc.posix_spawnattr_setsigmask,
+            libc.posix_spawnattr_destroy,
+            libc.posix_spawn_file_actions_init,
+            libc.posix_spawn_file_actions_adddup2,
+            libc.posix_spawn_file_actions_destroy,
+        ):
+            function.restype = ctypes.c_int
+    except (ImportError, OSError, AttributeError):
+        return
+    number = _RT_SIGACTION.get(os.uname().machine)
+    if number is not None:
+        for sig in (32, 33):
+            old = ctypes.create_string_buffer(_KERNEL_SIGACTION_BYTES)
+            args = (ctypes.c_long(number), ctypes.c_long(sig))
+            if libc.syscall(*args, None, old, ctypes.c_long(8)) == 0 and (
+                int.from_bytes(old.raw[:8], sys.byteorder) == _SIG_IGN
+            ):
+                default = ctypes.create_string_buffer(_KERNEL_SIGACTION_BYTES)
+                libc.syscall(*args, default, None, ctypes.c_long(8))
+    bits = sum(1 << (sig - 1) for sig in range(1, 65) if sig not in _NO_DEFAULT)
+    sigdef = (ctypes.c_ubyte * _SIGSET_BYTES)(*bits.to_bytes(8, sys.byteorder))
+    _state.update(
+        ctypes=ctypes,
+        libc=libc,
+        sigdef=sigdef,
+        empty=(ctypes.c_ubyte * _SIGSET_BYTES)(),
+    )
+
+
+def spawn(
+    program: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]
+) -> int | None:
+    """vfork+exec `program` in a new session with `fds` as its 0, 1 and 2, every signal
+    at its default and none blocked. The pid; None when libc's posix_spawn is not loaded
+    (yet) or exec failed (the caller's other path reports the error)."""
+    if "libc" not in _state:
+        return None
+    ctypes = _state["ctypes"]
+    libc = _state["libc"]
+    attr = ctypes.create_string_buffer(_ATTR_BYTES)
+    actions = ctypes.create_string_buffer(_ACTIONS_BYTES)
+    if libc.posix_spawnattr_init(attr) != 0:
+        return None
+    try:
+        if libc.posix_spawn_file_actions_init(actions) != 0:
+            return None
+        try:
+            flags = ctypes.c_short(_SETSIGDEF | _SETSIGMASK | _SETSID)
+            if (
+                libc.posix_spawnattr_setflags(attr, flags)
+                or libc.posix_spawnattr_setsigdefault(attr, _state["sigdef"])
+                or libc.posix_spawnattr_setsigmask(attr, _state["empty"])
+            ):
+                return None
+            for target, fd in enumerate(fds):
+                if libc.posix_spawn_file_actions_adddup2(actions, fd, target) != 0:
+                    return None
+            c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
+            c_env = (ctypes.c_char_p * (len(env) + 1))(
+                *[os.fsencode(f"{key}={value}") for key, value in env.items()], None
+            )
+            pid = ctypes.c_int()
+            if libc.posix_spawn(
+                ctypes.byref(pid), os.fsencode(program), actions, attr, c_argv, c_env
+            ):
+                return None
+            return pid.value
+        finally:
+            libc.posix_spawn_file_actions_destroy(actions)
+    finally:
+        libc.posix_spawnattr_destroy(attr)
