@@ -31,6 +31,8 @@ from .selectors import sandbox_get_for_principal, sandboxes_for_org
 
 MAX_IDEMPOTENCY_KEY = 255
 PATH_PARAM = OpenApiParameter("path", str, description="Relative to the workspace")
+# `format` is DRF's renderer override (?format=json), accepted by every endpoint.
+LIST_QUERY_PARAMETERS = frozenset({"state", "all", "limit", "offset", "format"})
 
 
 class RawBytesParser(parsers.BaseParser):
@@ -155,6 +157,13 @@ class SandboxListApi(SandboxApi):
         parameters=[OpenApiParameter("state", str), OpenApiParameter("all", bool)],
     )
     def get(self, request):  # type: ignore[no-untyped-def]
+        unknown = sorted(set(request.query_params) - LIST_QUERY_PARAMETERS)
+        if unknown:
+            raise ApplicationError(
+                f"Unknown query parameter {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(LIST_QUERY_PARAMETERS))}.",
+                code="validation_error",
+            )
         principal = principal_of(request)
         qs = sandboxes_for_org(
             principal.organization,
@@ -352,6 +361,11 @@ class FileContentApi(SandboxApi):
     )
     def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
         query = _validated(s.PathQuery, request.query_params)
+        if not request.query_params.get("path"):
+            # PathQuery defaults to the workspace, which listing wants and reading cannot use.
+            raise ApplicationError(
+                "path is required: GET .../files/content?path=<file>.", code="validation_error"
+            )
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> HttpResponse:
@@ -400,6 +414,25 @@ class FileStatApi(SandboxApi):
         def run(caller: Caller) -> Response:
             entry = services.sandbox_file_stat(caller=caller, sandbox=sandbox, path=query["path"])
             return Response(s.file_entry_data(entry))
+
+        return self.operate(request, run)
+
+
+class FileExistsApi(SandboxApi):
+    """A dedicated existence check: a stat's 404 would be ambiguous with a missing sandbox,
+    and clients should not branch on error codes for an ordinary question."""
+
+    required_scope = "files"
+    sandbox_token_methods = frozenset({"GET"})
+
+    @extend_schema(parameters=[PATH_PARAM], responses=s.ExistsOutput)
+    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        query = _validated(s.PathQuery, request.query_params)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run(caller: Caller) -> Response:
+            found = services.sandbox_file_exists(caller=caller, sandbox=sandbox, path=query["path"])
+            return Response({"exists": found})
 
         return self.operate(request, run)
 

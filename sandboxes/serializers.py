@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from playground.inputs import InputSerializer
+
 from .models import Sandbox
 from .providers.base import ExecResult, FileEntry, ProcessInfo
 
@@ -86,21 +88,61 @@ class EnvField(serializers.DictField):
         super().__init__(validators=[validate_env], **kwargs)
 
 
-class ResourcesInput(serializers.Serializer):
-    memory_mb = StrictIntegerField(min_value=32, max_value=8192, required=False)
-    cpu_count = StrictFloatField(min_value=0.1, max_value=4, required=False)
-    pids = StrictIntegerField(min_value=8, max_value=1024, required=False)
-    disk_mb = StrictIntegerField(min_value=1, max_value=10240, required=False)
+class ResourcesInput(InputSerializer):
+    memory_mb = StrictIntegerField(
+        min_value=32,
+        max_value=8192,
+        required=False,
+        help_text="Memory for the whole sandbox, in MiB (default 512).",
+    )
+    cpu_count = StrictFloatField(
+        min_value=0.1, max_value=4, required=False, help_text="CPU cores (default 1.0)."
+    )
+    pids = StrictIntegerField(
+        min_value=8,
+        max_value=1024,
+        required=False,
+        help_text="Processes and threads at once (default 128).",
+    )
+    disk_mb = StrictIntegerField(
+        min_value=1,
+        max_value=10240,
+        required=False,
+        help_text="Workspace quota and largest file, in MiB (default 512).",
+    )
 
 
-class SandboxCreateInput(serializers.Serializer):
-    provider = StrictCharField(required=False, max_length=30)
-    template = StrictCharField(required=False, max_length=100, default="default")
-    timeout_s = StrictIntegerField(required=False, min_value=10, max_value=7 * 24 * 3600)
-    network = StrictBooleanField(required=False, default=False)
-    resources = ResourcesInput(required=False)
-    env = EnvField()
-    metadata = serializers.JSONField(required=False, default=dict)
+class SandboxCreateInput(InputSerializer):
+    provider = StrictCharField(
+        required=False,
+        max_length=30,
+        help_text="An enabled provider (GET /api/v1/providers); default: the server's default.",
+    )
+    template = StrictCharField(
+        required=False,
+        max_length=100,
+        default="default",
+        help_text="The image or template to start from.",
+    )
+    timeout_s = StrictIntegerField(
+        required=False,
+        min_value=10,
+        max_value=7 * 24 * 3600,
+        help_text="Idle timeout in seconds: destroyed after this long without activity "
+        "(default SANDPIT_IDLE_TIMEOUT_S).",
+    )
+    network = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="Outbound network access (only where the organization allows it).",
+    )
+    resources = ResourcesInput(required=False, help_text="Limits for the sandbox.")
+    env = EnvField(help_text="Environment variables for every command, name to value.")
+    metadata = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="Your own JSON object kept with the sandbox (at most 16 KB).",
+    )
 
     def validate_metadata(self, value: Any) -> Any:
         if not isinstance(value, dict):
@@ -153,8 +195,12 @@ class SandboxOutput(serializers.ModelSerializer):
         ]
 
 
-class TimeoutInput(serializers.Serializer):
-    timeout_s = StrictIntegerField(min_value=10, max_value=7 * 24 * 3600)
+class TimeoutInput(InputSerializer):
+    timeout_s = StrictIntegerField(
+        min_value=10,
+        max_value=7 * 24 * 3600,
+        help_text="The new idle timeout in seconds; the call also counts as activity.",
+    )
 
 
 class StdinField(StrictCharField):
@@ -166,8 +212,13 @@ class StdinField(StrictCharField):
         super().__init__(**kwargs)
 
 
-class CommandInput(serializers.Serializer):
-    command = StrictCharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
+class CommandInput(InputSerializer):
+    command = StrictCharField(
+        max_length=MAX_COMMAND_CHARS,
+        trim_whitespace=False,
+        help_text="Alone: a shell command line run under `sh -c`. With `args`: the program "
+        "to execute directly.",
+    )
     args = serializers.ListField(
         child=StrictCharField(
             max_length=MAX_COMMAND_CHARS, allow_blank=True, trim_whitespace=False
@@ -175,11 +226,21 @@ class CommandInput(serializers.Serializer):
         required=False,
         allow_null=True,
         max_length=1000,
+        help_text="Arguments for `command`, passed as they are (no shell).",
     )
-    cwd = PathField(required=False, allow_null=True)
-    env = EnvField()
-    timeout_s = StrictFloatField(required=False, min_value=0.1)
-    stdin = StdinField()
+    cwd = PathField(
+        required=False,
+        allow_null=True,
+        help_text="Working directory, relative to /workspace (default /workspace).",
+    )
+    env = EnvField(help_text="Extra environment variables for this command.")
+    timeout_s = StrictFloatField(
+        required=False,
+        min_value=0.1,
+        help_text="Seconds before the command is killed (default 30, at most "
+        "SANDPIT_MAX_COMMAND_TIMEOUT_S); the answer then has timed_out true.",
+    )
+    stdin = StdinField(help_text="Text fed to the command's standard input (at most 1 MiB).")
 
     def validate_timeout_s(self, value: float) -> float:
         ceiling = settings.SANDPIT_MAX_COMMAND_TIMEOUT_S
@@ -193,11 +254,27 @@ class CommandInput(serializers.Serializer):
         return value
 
 
-class CodeInput(serializers.Serializer):
-    code = StrictCharField(max_length=1024 * 1024, trim_whitespace=False)
-    language = StrictCharField(required=False, allow_null=True, max_length=20)
-    timeout_s = StrictFloatField(required=False, min_value=0.1, max_value=300)
-    stdin = StdinField()
+class CodeInput(InputSerializer):
+    code = StrictCharField(
+        max_length=1024 * 1024, trim_whitespace=False, help_text="The program's source."
+    )
+    language = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=20,
+        help_text="python, node or bash; without it, Python is detected from the code, "
+        "otherwise node.",
+    )
+    timeout_s = StrictFloatField(
+        required=False,
+        min_value=0.1,
+        max_value=300,
+        help_text="Seconds before the program is killed (default 30).",
+    )
+    stdin = StdinField(
+        help_text="Text fed to the program's standard input (at most 1 MiB); without it, "
+        "input() meets end of file."
+    )
 
 
 def exec_result_data(result: ExecResult) -> dict[str, Any]:
@@ -243,13 +320,17 @@ class PathQuery(serializers.Serializer):
     )
 
 
-class MkdirInput(serializers.Serializer):
-    path = PathField()
+class ExistsOutput(serializers.Serializer):
+    exists = serializers.BooleanField()
 
 
-class MoveInput(serializers.Serializer):
-    from_ = PathField()
-    to = PathField()
+class MkdirInput(InputSerializer):
+    path = PathField(help_text="Directory to create, with its parents; relative to /workspace.")
+
+
+class MoveInput(InputSerializer):
+    from_ = PathField(help_text="The file or directory to move.")
+    to = PathField(help_text="Its new path.")
 
     def get_fields(self):  # type: ignore[no-untyped-def]
         fields = super().get_fields()
@@ -257,35 +338,71 @@ class MoveInput(serializers.Serializer):
         return fields
 
 
-class ProcessStartInput(serializers.Serializer):
-    command = StrictCharField(max_length=MAX_COMMAND_CHARS, trim_whitespace=False)
+class ProcessStartInput(InputSerializer):
+    command = StrictCharField(
+        max_length=MAX_COMMAND_CHARS,
+        trim_whitespace=False,
+        help_text="Alone: a shell command line run under `sh -c`. With `args`: the program "
+        "to execute directly.",
+    )
     args = serializers.ListField(
         child=StrictCharField(max_length=MAX_COMMAND_CHARS, allow_blank=True),
         required=False,
         allow_null=True,
         max_length=1000,
+        help_text="Arguments for `command`, passed as they are (no shell).",
     )
-    cwd = PathField(required=False, allow_null=True)
-    env = EnvField()
+    cwd = PathField(
+        required=False,
+        allow_null=True,
+        help_text="Working directory, relative to /workspace (default /workspace).",
+    )
+    env = EnvField(help_text="Extra environment variables for this process.")
 
 
-class SignalInput(serializers.Serializer):
-    signal = StrictCharField(max_length=16, default="SIGTERM")
+class SignalInput(InputSerializer):
+    signal = StrictCharField(
+        max_length=16,
+        default="SIGTERM",
+        help_text="A signal name (SIGTERM, TERM, SIGKILL, ...) or number; default SIGTERM.",
+    )
 
 
-class RunInput(serializers.Serializer):
-    code = StrictCharField(required=False, max_length=1024 * 1024, trim_whitespace=False)
-    command = StrictCharField(required=False, max_length=MAX_COMMAND_CHARS)
-    language = StrictCharField(required=False, allow_null=True, max_length=20)
-    provider = StrictCharField(required=False, max_length=30)
+class RunInput(InputSerializer):
+    code = StrictCharField(
+        required=False,
+        max_length=1024 * 1024,
+        trim_whitespace=False,
+        help_text="A program to run (give exactly one of code and command).",
+    )
+    command = StrictCharField(
+        required=False,
+        max_length=MAX_COMMAND_CHARS,
+        help_text="A shell command line to run under `sh -c` (exactly one of code and command).",
+    )
+    language = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=20,
+        help_text="The language of `code`: python, node or bash (default: detected).",
+    )
+    provider = StrictCharField(
+        required=False, max_length=30, help_text="An enabled provider; default the server's."
+    )
     files = serializers.DictField(
         child=StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1024 * 1024),
         required=False,
         default=dict,
+        help_text="Files written before the run: path relative to /workspace to text content "
+        "(at most 100).",
     )
-    stdin = StdinField()
+    stdin = StdinField(help_text="Text fed to standard input (at most 1 MiB).")
     limits = serializers.DictField(
-        child=StrictFloatField(min_value=0), required=False, default=dict
+        child=StrictFloatField(min_value=0),
+        required=False,
+        default=dict,
+        help_text="timeout_s (default 10, at most 60), memory_mb (default 256, at most 2048), "
+        "pids (default 64, at most 256).",
     )
 
     def validate_files(self, value: dict[str, str]) -> dict[str, str]:
@@ -310,10 +427,16 @@ class RunInput(serializers.Serializer):
         return attrs
 
 
-class TokenInput(serializers.Serializer):
+class TokenInput(InputSerializer):
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=["terminal", "files", "exec", "ports"]),
         min_length=1,
         max_length=4,
+        help_text="What the token may reach in this sandbox: terminal, files, exec, ports.",
     )
-    ttl_s = StrictIntegerField(min_value=10, max_value=24 * 3600, default=900)
+    ttl_s = StrictIntegerField(
+        min_value=10,
+        max_value=24 * 3600,
+        default=900,
+        help_text="Lifetime in seconds (default 900, at most a day).",
+    )

@@ -463,6 +463,17 @@ def sandbox_file_stat(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEnt
     return entry
 
 
+def sandbox_file_exists(*, caller: Caller, sandbox: Sandbox, path: str) -> bool:
+    """Whether anything (a file, a directory, a symlink, even a dangling one) is at `path`;
+    counted once, like a stat. A path that would leave the sandbox is PathNotAllowed, not
+    False: the answer must not probe outside."""
+    with _file_op(caller, "files.exists"):
+        provider = _files(sandbox)
+        found = _call(sandbox, provider.exists, sandbox.provider_id, path)
+    sandbox_touch(sandbox)
+    return bool(found)
+
+
 def sandbox_mkdir(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEntry:
     """Create a directory and its parents (counted once)."""
     with _file_op(caller, "files.mkdir"):

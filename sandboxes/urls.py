@@ -16,6 +16,7 @@ urlpatterns = [
         f"{sandbox}/files/content", apis.FileContentApi.as_view(), name="api-sandbox-file-content"
     ),
     path(f"{sandbox}/files/stat", apis.FileStatApi.as_view(), name="api-sandbox-file-stat"),
+    path(f"{sandbox}/files/exists", apis.FileExistsApi.as_view(), name="api-sandbox-file-exists"),
     path(f"{sandbox}/files/mkdir", apis.MkdirApi.as_view(), name="api-sandbox-mkdir"),
     path(f"{sandbox}/files/move", apis.MoveApi.as_view(), name="api-sandbox-move"),
     path(f"{sandbox}/processes", apis.ProcessListApi.as_view(), name="api-sandbox-processes"),

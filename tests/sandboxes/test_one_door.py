@@ -49,6 +49,7 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/v1/sandboxes/<str:sandbox_id>/files/content", "GET"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/files/content", "PUT"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/files/stat", "GET"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/files/exists", "GET"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/files/mkdir", "POST"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/files/move", "POST"): 1,
     # processes
@@ -243,6 +244,7 @@ def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-unty
         await arest((f"{sbx}/files", "GET"), "GET", f"{base}/files?path=.")
         await arest((f"{sbx}/files/stat", "GET"), "GET", f"{base}/files/stat?path=a.txt")
         await arest((content, "GET"), "GET", f"{base}/files/content?path=a.txt")
+        await arest((f"{sbx}/files/exists", "GET"), "GET", f"{base}/files/exists?path=a.txt")
         await arest((f"{sbx}/files/mkdir", "POST"), "POST", f"{base}/files/mkdir", {"path": "d"})
         await arest(
             (f"{sbx}/files/move", "POST"),

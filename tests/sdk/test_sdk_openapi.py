@@ -67,6 +67,7 @@ def test_sdk_requests_match_the_openapi_schema(client):  # type: ignore[no-untyp
         sandbox.files.read("f.txt")
         sandbox.files.list(".")
         sandbox.files.exists("f.txt")
+        sandbox.files.stat("f.txt")
         sandbox.files.make_dir("d")
         sandbox.files.rename("f.txt", "d/f.txt")
         sandbox.files.remove("d", recursive=True)

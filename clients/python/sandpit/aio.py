@@ -485,13 +485,9 @@ class AsyncFiles:
         return FileEntry.from_json(response.json())
 
     async def exists(self, path: str) -> bool:
-        try:
-            await self.stat(path)
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
+        """Whether anything is at `path` (a dangling symlink counts)."""
+        response = await self._sandbox._request("GET", "/files/exists", params={"path": path})
+        return bool(response.json()["exists"])
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         params = {"path": path, "recursive": "true" if recursive else "false"}

@@ -466,13 +466,8 @@ class Files:
         )
 
     def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
+        """Whether anything is at `path` (a dangling symlink counts)."""
+        return bool(self._request("GET", "/files/exists", params={"path": path}).json()["exists"])
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         params = {"path": path, "recursive": "true" if recursive else "false"}
