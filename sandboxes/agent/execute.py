@@ -101,7 +101,7 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
                     if len(data) > room:
                         truncated[fd] = True
         if timed_out:
-            kill_tree(child.pid)
+            kill_tree(child.pid, child.tag)
             child.done.wait(5.0)
     finally:
         for fd in (out_r, err_r, wake_r, wake_w, in_w):
@@ -202,7 +202,7 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
             limits = [t for t in (deadline, exit_deadline) if t is not None]
             if deadline is not None and now >= deadline:
                 timed_out = True
-                kill_tree(child.pid)
+                kill_tree(child.pid, child.tag)
                 child.done.wait(5.0)
                 break
             if exit_deadline is not None and now >= exit_deadline:
@@ -265,7 +265,7 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
         conn.sendall(frame(b"X", json_dumps(result).encode()))
     finally:
         if not client_open or not child.done.is_set():
-            kill_tree(child.pid)
+            kill_tree(child.pid, child.tag)
         child.wake_w = None
         for fd in (in_w, out_r, err_r, wake_r, wake_w):
             if fd >= 0:

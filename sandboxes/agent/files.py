@@ -249,7 +249,7 @@ def op_watch(conn: socket.socket, req: dict) -> None:
                 elif not conn.recv(CHUNK):
                     return
     finally:
-        kill_tree(child.pid)
+        kill_tree(child.pid, child.tag)
         child.done.wait(1.0)
         os.close(out_r)
         os.close(err_r)

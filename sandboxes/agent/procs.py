@@ -19,6 +19,10 @@ KEEP_EXITED = 64
 """Exited background processes and terminals remembered for list/status."""
 INTERNAL_MARK = "SANDPIT_INTERNAL"
 """In a process's initial environment (``=1``): Sandpit's own helper, never listed."""
+TREE_MARK = "SANDPIT_TREE"
+"""In every command's environment, a value of its own: how kill_tree finds what escaped
+its session and lost its parent chain (``setsid cmd &`` in a shell that exits first
+is re-parented to PID 1, outside every tree the parent links describe)."""
 _CHILD_OOM_SCORE_ADJ = b"500"
 """Make user code, not the agent, the memory-cgroup OOM victim."""
 
@@ -53,10 +57,21 @@ class Event:
 
 
 class Child:
-    __slots__ = ("pid", "status", "rusage", "wake_w", "done", "command", "started_at", "kind")
+    __slots__ = (
+        "pid",
+        "status",
+        "rusage",
+        "wake_w",
+        "done",
+        "command",
+        "started_at",
+        "kind",
+        "tag",
+    )
 
-    def __init__(self, pid: int, command: str, kind: str) -> None:
+    def __init__(self, pid: int, command: str, kind: str, tag: str = "") -> None:
         self.pid = pid
+        self.tag = tag
         self.status: int | None = None
         self.rusage = None
         self.wake_w: int | None = None
@@ -226,12 +241,14 @@ def spawn(
     carries the limits and nothing else is needed (no terminal, the default cwd), else
     fork+exec with everything applied in the child."""
     program = _which(argv[0], env.get("PATH", ""))
+    tag = os.urandom(8).hex()
+    env = {**env, TREE_MARK: tag}
     libc_spawn.wait_loaded()
     if SPAWN_LIMITS["fast"] and not tty and cwd == WORKSPACE and program is not None:
         with REAPER.lock:
             pid = _posix_spawn(program, argv, env, fds)
             if pid is not None:
-                child = Child(pid, command, kind)
+                child = Child(pid, command, kind, tag)
                 child.wake_w = wake_w
                 REAPER.children[pid] = child
         if pid is not None:
@@ -260,7 +277,7 @@ def spawn(
                     os.write(2, f"sandpit: {argv[0]}: {exc}\n".encode(errors="replace"))
                 finally:
                     os._exit(127)
-        child = Child(pid, command, kind)
+        child = Child(pid, command, kind, tag)
         child.wake_w = wake_w
         REAPER.children[pid] = child
     REAPER.has_children.set()
@@ -279,10 +296,12 @@ def _which(name: str, path: str) -> str | None:
     return None
 
 
-def _session_members(sid: int) -> list[int]:
-    """PIDs whose session or parent chain leads to `sid` (the command's tree)."""
+def _session_members(sid: int, tag: str = "") -> list[int]:
+    """PIDs whose session or parent chain leads to `sid` (the command's tree), or whose
+    environment carries the command's `tag` (see TREE_MARK)."""
     parents: dict[int, int] = {}
     members: list[int] = []
+    mark = f"{TREE_MARK}={tag}".encode() if tag else b""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -294,9 +313,13 @@ def _session_members(sid: int) -> list[int]:
         fields = data[data.rfind(b")") + 2 :].split()
         pid = int(entry)
         parents[pid] = int(fields[1])
-        if int(fields[3]) == sid and pid != 1:
+        if pid == 1 or pid == os.getpid():
+            continue
+        if int(fields[3]) == sid or mark and _environ_has(pid, mark):
             members.append(pid)
     for pid in parents:
+        if pid in members:
+            continue
         seen = 0
         p = pid
         while p > 1 and seen < 64:
@@ -308,14 +331,25 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL the process group and session started for `pid`, and its descendants."""
+def _environ_has(pid: int, mark: bytes) -> bool:
+    """Whether `mark` (``NAME=value``) is one of `pid`'s environment entries."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return environ.startswith(mark + b"\x00") or b"\x00" + mark + b"\x00" in environ
+
+
+def kill_tree(pid: int, tag: str = "") -> None:
+    """SIGKILL the process group and session started for `pid`, its descendants, and
+    whatever carries its `tag` (see TREE_MARK)."""
     for _ in range(3):
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        members = _session_members(pid)
+        members = _session_members(pid, tag)
         for member in members:
             try:
                 os.kill(member, signal.SIGKILL)

@@ -69,7 +69,7 @@ def op_pty(conn: socket.socket, req: dict) -> None:
             PTY_MASTERS.pop(child.pid, None)
         # A closed client means "kill the shell"; an ended terminal means it exited.
         if ended == "client" or not child.done.wait(1.0):
-            kill_tree(child.pid)
+            kill_tree(child.pid, child.tag)
             child.done.wait(1.0)
         os.close(master)
 
@@ -111,7 +111,7 @@ def _hand_over(conn: socket.socket, child: Child, master: int, wake_r: int, tty_
         return True
     finally:
         if not child.done.is_set() or _tty_held(tty_path):
-            kill_tree(child.pid)
+            kill_tree(child.pid, child.tag)
             child.done.wait(1.0)
 
 

@@ -96,6 +96,8 @@ _INLINE_CODE_MAX = 96 * 1024
 CONTROL_TIMEOUT_S = 60.0
 _AGENT_START_S = 15.0
 """How long the first call after create waits for the agent to listen."""
+_STOP_SETTLE_S = 3.0
+"""How long a broken agent connection waits for the container to be seen stopped."""
 _TRANSPORT_GRACE_S = 15.0
 """How long past a command's own timeout we wait for the agent's reply."""
 
@@ -348,21 +350,31 @@ class DockerProvider:
         raise SandboxGone(f"Sandbox {target.cid} is not running.")
 
     def _lost(self, target: _Target, exc: Exception) -> ProviderError:
-        """The error for a connection to the agent that broke mid-call."""
-        try:
-            self._raise_if_stopped(target, during_call=True)
-        except ProviderError as gone:
-            return gone
-        return ProviderError(f"Lost the sandbox agent: {exc!r}")
+        """The error for a connection to the agent that broke mid-call. The agent's end
+        often comes first and the container's a moment later (its init then exits; under
+        gVisor, the host kills the whole sandbox), so the engine is asked for a while."""
+        deadline = time.monotonic() + _STOP_SETTLE_S
+        while True:
+            try:
+                self._raise_if_stopped(target, during_call=True)
+            except ProviderError as gone:
+                return gone
+            if time.monotonic() >= deadline:
+                return ProviderError(f"Lost the sandbox agent: {exc!r}")
+            time.sleep(0.05)
 
     def _relay(self, target: _Target, timeout: float) -> socket.socket:
         api = self._api()
         argv = ["/usr/bin/python3", "-I", "-S", agent_bundle.image_path(), "--relay", AGENT_SOCKET]
-        with translate(target.cid):
-            exec_id = api.exec_create(
-                target.cid, argv, stdin=True, environment=["SANDPIT_INTERNAL=1"]
-            )["Id"]
-            stream = api.exec_start(exec_id, socket=True)
+        try:
+            with translate(target.cid):
+                exec_id = api.exec_create(
+                    target.cid, argv, stdin=True, environment=["SANDPIT_INTERNAL=1"]
+                )["Id"]
+                stream = api.exec_start(exec_id, socket=True)
+        except SandboxGone:
+            self._raise_if_stopped(target)  # says why (an image without this agent?)
+            raise
         sock = ExecBridge(stream).sock
         sock.settimeout(timeout)
         return sock
@@ -514,7 +526,7 @@ class DockerProvider:
             info["Id"], info["State"]["Status"], _parse_time(info["Created"]), labels
         )
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         """Every container labelled for this installation, running or not (orphans included)."""
         with translate():
             rows = self._api().containers(

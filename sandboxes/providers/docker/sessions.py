@@ -14,6 +14,8 @@ from sandboxes.providers.base import FileEvent
 
 WORKSPACE = "/workspace"
 WATCH_BATCH_S = 0.05
+CLOSE_WAIT_S = 2.0
+"""How long close() waits for the agent to confirm the watcher is gone."""
 
 
 class DockerWatch:
@@ -66,13 +68,20 @@ class DockerWatch:
             self._pending += chunk
 
     def close(self) -> None:
-        """Stop the watcher inside the sandbox; idempotent."""
+        """Stop the watcher inside the sandbox; idempotent. Our end of the connection
+        ends first, and the agent hangs up once it has killed and reaped inotifywait:
+        waiting for that (bounded) means no watcher is left when this returns."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
+            self._sock.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while (left := deadline - time.monotonic()) > 0:
+                ready, _, _ = select.select([self._sock], [], [], left)
+                if ready and not self._sock.recv(65536):
+                    break
+        except (OSError, ValueError):
             pass
         self._sock.close()
 
