@@ -280,7 +280,7 @@ class SandboxCommandApi(SandboxApi):
                 timeout_s=data.get("timeout_s"),
                 stdin=stdin.encode() if stdin else None,
             )
-            return Response(s.exec_result_data(result))
+            return Response(s.exec_result_data(result, data["encoding"]))
 
         return self.operate(request, run)
 
@@ -305,7 +305,7 @@ class SandboxCodeApi(SandboxApi):
                 timeout_s=data.get("timeout_s"),
                 stdin=stdin.encode() if stdin else None,
             )
-            return Response({**s.exec_result_data(result), "language": resolved})
+            return Response({**s.exec_result_data(result, data["encoding"]), "language": resolved})
 
         return self.operate(request, run)
 

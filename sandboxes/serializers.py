@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from django.conf import settings
@@ -212,6 +213,21 @@ class StdinField(StrictCharField):
         super().__init__(**kwargs)
 
 
+OUTPUT_ENCODINGS = ("utf-8", "base64")
+
+
+class EncodingField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("default", "utf-8")
+        kwargs.setdefault(
+            "help_text",
+            'How stdout and stderr come back: "utf-8" text (invalid bytes become U+FFFD, '
+            'the default) or "base64" of the exact bytes, for binary output.',
+        )
+        super().__init__(choices=OUTPUT_ENCODINGS, **kwargs)
+
+
 class CommandInput(InputSerializer):
     command = StrictCharField(
         max_length=MAX_COMMAND_CHARS,
@@ -241,6 +257,7 @@ class CommandInput(InputSerializer):
         "SANDPIT_MAX_COMMAND_TIMEOUT_S); the answer then has timed_out true.",
     )
     stdin = StdinField(help_text="Text fed to the command's standard input (at most 1 MiB).")
+    encoding = EncodingField()
 
     def validate_timeout_s(self, value: float) -> float:
         ceiling = settings.SANDPIT_MAX_COMMAND_TIMEOUT_S
@@ -275,12 +292,21 @@ class CodeInput(InputSerializer):
         help_text="Text fed to the program's standard input (at most 1 MiB); without it, "
         "input() meets end of file."
     )
+    encoding = EncodingField()
 
 
-def exec_result_data(result: ExecResult) -> dict[str, Any]:
+def _encoded(data: bytes, encoding: str) -> str:
+    if encoding == "base64":
+        return base64.b64encode(data).decode("ascii")
+    return data.decode("utf-8", errors="replace")
+
+
+def exec_result_data(result: ExecResult, encoding: str = "utf-8") -> dict[str, Any]:
+    """A command's result; stdout and stderr in `encoding` (named in the answer)."""
     return {
-        "stdout": result.stdout.decode("utf-8", errors="replace"),
-        "stderr": result.stderr.decode("utf-8", errors="replace"),
+        "stdout": _encoded(result.stdout, encoding),
+        "stderr": _encoded(result.stderr, encoding),
+        "encoding": encoding,
         "exit_code": result.exit_code,
         "duration_ms": round(result.duration_ms, 2),
         "timed_out": result.timed_out,

@@ -4,6 +4,8 @@ the workspace. Real local provider, real Postgres."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from tests.conftest import assert_error
@@ -42,3 +44,45 @@ def test_exists_refuses_paths_leaving_the_sandbox(api_a, sandbox_a):
 def test_exists_other_org_and_anonymous(api_b, anon_api, sandbox_a):
     assert_error(api_b.get(url(sandbox_a, "/files/exists"), {"path": "x"}), 404)
     assert_error(anon_api.get(url(sandbox_a, "/files/exists"), {"path": "x"}), 401)
+
+
+# --- binary-safe output ----------------------------------------------------------------------
+
+
+def test_command_output_base64_is_the_exact_bytes(api_a, sandbox_a):
+    # Every byte value on stdout, invalid UTF-8 on stderr: text would replace them.
+    body = {
+        "command": "printf '\\377\\000\\201ok'; printf '\\376' >&2",
+        "encoding": "base64",
+    }
+    response = api_a.post(url(sandbox_a, "/commands"), body, format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert data["encoding"] == "base64"
+    assert base64.b64decode(data["stdout"]) == b"\xff\x00\x81ok"
+    assert base64.b64decode(data["stderr"]) == b"\xfe"
+
+
+def test_command_output_stays_text_by_default(api_a, sandbox_a):
+    data = api_a.post(
+        url(sandbox_a, "/commands"), {"command": "printf 'h\\351'"}, format="json"
+    ).json()
+    assert (data["stdout"], data["encoding"]) == ("h\ufffd", "utf-8")
+
+
+def test_code_output_base64(api_a, sandbox_a):
+    code = "import sys; sys.stdout.buffer.write(bytes([0, 255, 10]))"
+    data = api_a.post(
+        url(sandbox_a, "/code"),
+        {"code": code, "language": "python", "encoding": "base64"},
+        format="json",
+    ).json()
+    assert base64.b64decode(data["stdout"]) == b"\x00\xff\n" and data["language"] == "python"
+
+
+def test_unknown_encoding_is_400(api_a, sandbox_a):
+    for suffix, body in (("/commands", {"command": "true"}), ("/code", {"code": "1"})):
+        response = api_a.post(
+            url(sandbox_a, suffix), {**body, "encoding": "latin-1"}, format="json"
+        )
+        assert_error(response, 400, "validation_error")

@@ -61,6 +61,13 @@ def test_run_code(sbx):  # type: ignore[no-untyped-def]
     assert "".join(seen) == "streamed\n"
 
 
+def test_binary_command_output_survives(sbx):  # type: ignore[no-untyped-def]
+    result = sbx.commands.run("printf '\\377\\000ok'")
+    assert result.stdout_bytes == b"\xff\x00ok" and result.stdout == "\ufffd\x00ok"
+    code = sbx.run_code("import sys; sys.stderr.buffer.write(bytes([254, 10]))", language="python")
+    assert code.stderr_bytes == b"\xfe\n"
+
+
 def test_files(sbx):  # type: ignore[no-untyped-def]
     entry = sbx.files.write("dir/hello.txt", "hello")
     assert (entry.path, entry.size_bytes, entry.type) == ("dir/hello.txt", 5, "file")

@@ -294,7 +294,7 @@ class AsyncSandbox:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             handle = await self.commands._stream(message, stdin, on_stdout, on_stderr, False)
             return await handle.wait()
-        body: dict[str, Any] = {"code": code}
+        body: dict[str, Any] = {"code": code, "encoding": "base64"}
         if language:
             body["language"] = language
         if stdin is not None:
@@ -406,7 +406,8 @@ class AsyncCommands:
             message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
             handle = await self._stream(message, stdin, on_stdout, on_stderr, background)
             return handle if background else await handle.wait()
-        body = c.command_body(cmd, args, cwd, env, stdin, timeout_s)
+        # base64: the exact bytes come back (CommandResult.stdout_bytes), text is decoded here.
+        body = {**c.command_body(cmd, args, cwd, env, stdin, timeout_s), "encoding": "base64"}
         wait = (timeout_s or 300) + c.HTTP_MARGIN_S
         response = await self._sandbox._request("POST", "/commands", json=body, timeout_s=wait)
         return CommandResult.from_json(response.json())

@@ -288,7 +288,7 @@ class Sandbox:
         if on_stdout or on_stderr:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             return self.commands._stream(message, stdin, on_stdout, on_stderr, False).wait()
-        body: dict[str, Any] = {"code": code}
+        body: dict[str, Any] = {"code": code, "encoding": "base64"}
         if language:
             body["language"] = language
         if stdin is not None:
@@ -376,7 +376,8 @@ class Commands:
             message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
             handle = self._stream(message, stdin, on_stdout, on_stderr, background)
             return handle if background else handle.wait()
-        body = c.command_body(cmd, args, cwd, env, stdin, timeout_s)
+        # base64: the exact bytes come back (CommandResult.stdout_bytes), text is decoded here.
+        body = {**c.command_body(cmd, args, cwd, env, stdin, timeout_s), "encoding": "base64"}
         wait = (timeout_s or 300) + c.HTTP_MARGIN_S
         response = self._sandbox.client.http.request(
             "POST", self._sandbox.path("/commands"), json=body, timeout_s=wait

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -103,6 +104,10 @@ class CommandResult:
     """For run_code: the language it ran as."""
     pid: int | None = None
     """For streamed runs: the process id inside the sandbox."""
+    stdout_bytes: bytes | None = None
+    """The exact bytes written to stdout (binary output survives); None for streamed runs,
+    whose output arrives as text."""
+    stderr_bytes: bytes | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,9 +115,18 @@ class CommandResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CommandResult:
+        stdout: str = data.get("stdout", "")
+        stderr: str = data.get("stderr", "")
+        raw_out = raw_err = None
+        if data.get("encoding") == "base64":
+            raw_out, raw_err = base64.b64decode(stdout), base64.b64decode(stderr)
+            stdout = raw_out.decode("utf-8", errors="replace")
+            stderr = raw_err.decode("utf-8", errors="replace")
         return cls(
-            stdout=data.get("stdout", ""),
-            stderr=data.get("stderr", ""),
+            stdout=stdout,
+            stderr=stderr,
+            stdout_bytes=raw_out,
+            stderr_bytes=raw_err,
             exit_code=int(data.get("exit_code", -1)),
             duration_ms=float(data.get("duration_ms", 0)),
             timed_out=bool(data.get("timed_out")),
