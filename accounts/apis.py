@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from playground.errors import Forbidden
+from playground.inputs import InputSerializer
 
 from . import services
 from .models import ApiKey, Invitation, Membership
@@ -41,18 +42,22 @@ class ApiKeyOutput(serializers.ModelSerializer):
 class ApiKeyListApi(APIView):
     permission_classes = [IsOrganizationManager]
 
-    class CreateInput(serializers.Serializer):
-        name = serializers.CharField(max_length=100)
-        expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    class ApiKeyCreateInput(InputSerializer):
+        name = serializers.CharField(max_length=100, help_text="A label for the key.")
+        expires_at = serializers.DateTimeField(
+            required=False,
+            allow_null=True,
+            help_text="When the key stops working (ISO 8601); default never.",
+        )
 
     @extend_schema(responses=ApiKeyOutput(many=True))
     def get(self, request):  # type: ignore[no-untyped-def]
         keys = api_keys_for_org(principal_of(request).organization)
         return Response({"results": ApiKeyOutput(keys, many=True).data})
 
-    @extend_schema(request=CreateInput, responses={201: ApiKeyOutput})
+    @extend_schema(request=ApiKeyCreateInput, responses={201: ApiKeyOutput})
     def post(self, request):  # type: ignore[no-untyped-def]
-        data = self.CreateInput(data=request.data)
+        data = self.ApiKeyCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         issued = services.api_key_create(
@@ -119,15 +124,18 @@ class MemberListApi(APIView):
 class MemberDetailApi(APIView):
     permission_classes = [IsOrganizationManager]
 
-    class UpdateInput(serializers.Serializer):
-        role = serializers.ChoiceField(choices=["owner", "admin", "member"])
+    class MemberUpdateInput(InputSerializer):
+        role = serializers.ChoiceField(
+            choices=["owner", "admin", "member"], help_text="The member's new role."
+        )
 
+    @extend_schema(request=MemberUpdateInput, responses=MembershipOutput)
     def patch(self, request, member_id: int):  # type: ignore[no-untyped-def]
         principal = principal_of(request)
         membership = get_object_or_404(
             Membership, pk=member_id, organization=principal.organization
         )
-        data = self.UpdateInput(data=request.data)
+        data = self.MemberUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_change_role(
             actor=principal.user, membership=membership, role=data.validated_data["role"]
@@ -152,18 +160,24 @@ class InvitationOutput(serializers.ModelSerializer):
 class InvitationListApi(APIView):
     permission_classes = [IsOrganizationManager]
 
-    class CreateInput(serializers.Serializer):
-        email = serializers.EmailField()
-        role = serializers.ChoiceField(choices=["owner", "admin", "member"], default="member")
+    class InvitationCreateInput(InputSerializer):
+        email = serializers.EmailField(help_text="Who to invite; the link is mailed there.")
+        role = serializers.ChoiceField(
+            choices=["owner", "admin", "member"],
+            default="member",
+            help_text="The role on joining (default member).",
+        )
 
+    @extend_schema(responses=InvitationOutput(many=True))
     def get(self, request):  # type: ignore[no-untyped-def]
         invitations = Invitation.objects.filter(
             organization=principal_of(request).organization
         ).order_by("-created_at")
         return Response({"results": InvitationOutput(invitations, many=True).data})
 
+    @extend_schema(request=InvitationCreateInput, responses={201: InvitationOutput})
     def post(self, request):  # type: ignore[no-untyped-def]
-        data = self.CreateInput(data=request.data)
+        data = self.InvitationCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         issued = services.invitation_create(

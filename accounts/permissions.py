@@ -21,10 +21,24 @@ class HasOrganization(BasePermission):
 
 
 class IsOrganizationManager(BasePermission):
-    """Owners and admins signed in with a browser session."""
+    """Owners and admins signed in with a browser session.
+
+    Never an API key or a sandbox token, whoever created it: a key acts for the organization
+    without a person to answer for a change (an invitation names who invited, a plan change
+    who asked), and a key leaked from a CI job must not be able to invite a new owner, mint
+    more keys or lift the spending cap. The refusal says so, rather than the role message
+    an owner's own key would otherwise get."""
 
     message = "Only organization owners and admins can do this."
+    machine_message = (
+        "API keys and sandbox tokens cannot manage the organization (members, invitations, "
+        "API keys, plan, spending cap): an owner or admin does this signed in, in the browser "
+        "(the Team and Billing pages), or through the API with that browser session."
+    )
 
     def has_permission(self, request, view):  # type: ignore[no-untyped-def]
         auth = getattr(request, "auth", None)
+        if isinstance(auth, Principal) and auth.user is None:
+            self.message = self.machine_message
+            return False
         return isinstance(auth, Principal) and auth.can_manage

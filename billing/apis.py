@@ -8,7 +8,7 @@ import io
 import json
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -17,6 +17,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from accounts.permissions import HasOrganization, IsOrganizationManager, principal_of
+from playground.inputs import InputSerializer
 
 from . import pricing, selectors, services
 from .models import Invoice
@@ -109,6 +110,13 @@ class UsageApi(JsonErrorsMixin, APIView):
     permission_classes = [HasOrganization]
     renderer_classes = [JSONRenderer, CsvRenderer]
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "format", str, enum=["json", "csv"], description="csv: the export (default json)."
+            )
+        ]
+    )
     def get(self, request, format: str | None = None):  # type: ignore[no-untyped-def]
         organization = principal_of(request).organization
         if request.accepted_renderer.format == "csv":
@@ -215,9 +223,13 @@ class InvoiceMarkPaidApi(APIView):
 
     permission_classes = [IsStaffUser]
 
-    class InvoiceMarkPaidInput(serializers.Serializer):
+    class InvoiceMarkPaidInput(InputSerializer):
         reference = serializers.CharField(
-            max_length=200, required=False, allow_blank=True, default=""
+            max_length=200,
+            required=False,
+            allow_blank=True,
+            default="",
+            help_text="The payment's reference outside Sandpit (a transfer id, a receipt).",
         )
 
     @extend_schema(request=InvoiceMarkPaidInput, responses=InvoiceOutput)
@@ -242,8 +254,12 @@ def _plan_body(state: services.PlanState) -> dict[str, Any]:
 class PlanApi(APIView):
     """GET the plan (and any scheduled change); POST {"plan"} to change it (owners/admins)."""
 
-    class PlanInput(serializers.Serializer):
-        plan = serializers.ChoiceField(choices=list(pricing.PLANS))
+    class PlanInput(InputSerializer):
+        plan = serializers.ChoiceField(
+            choices=list(pricing.PLANS),
+            help_text="The plan to change to (an upgrade applies now, a downgrade at the "
+            "period's end).",
+        )
 
     def get_permissions(self):  # type: ignore[no-untyped-def]
         return [HasOrganization()] if self.request.method == "GET" else [IsOrganizationManager()]
@@ -271,8 +287,13 @@ class SpendingCapApi(APIView):
 
     permission_classes = [IsOrganizationManager]
 
-    class SpendingCapInput(serializers.Serializer):
-        cap_cents = serializers.IntegerField(min_value=0, max_value=10**12, allow_null=True)
+    class SpendingCapInput(InputSerializer):
+        cap_cents = serializers.IntegerField(
+            min_value=0,
+            max_value=10**12,
+            allow_null=True,
+            help_text="The most a period's invoice may reach, in cents; null for no cap.",
+        )
 
     @extend_schema(request=SpendingCapInput)
     def put(self, request):  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 
 from sandboxes.providers.base import ProviderError
@@ -119,10 +120,10 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
         exc = exceptions.PermissionDenied()
 
     response = drf_exception_handler(exc, context)
+    request = context.get("request")
     if response is None:
         # Anything else is our bug. Logged with its traceback; the client gets the one
         # shape without it, even under DEBUG (a debug page would show settings and code).
-        request = context.get("request")
         logger.error(
             "Internal Server Error: %s",
             getattr(request, "path", "?"),
@@ -143,7 +144,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     if code is None and isinstance(exc, exceptions.APIException):
         code = str(exc.default_code)
     detail = getattr(exc, "detail", str(exc))
-    response.data = error_body(code or "error", _first_message(detail))
+    message = _first_message(detail)
+    if request is not None and _is_api(request):
+        if code == "unsupported_media_type" and _takes_json(request):
+            message = f"{message} Send Content-Type: application/json with a JSON body."
+        elif code == "not_authenticated":
+            message = _authorization_hint(request.META.get("HTTP_AUTHORIZATION", "")) or message
+    response.data = error_body(code or "error", message)
     if response.status_code == 403 and code == "not_authenticated":
         response.status_code = 401
     return response
@@ -151,6 +158,40 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
 
 def _is_api(request: Any) -> bool:
     return request.path.startswith("/api/")
+
+
+def _takes_json(request: Any) -> bool:
+    return any(parser.media_type == "application/json" for parser in request.parsers)
+
+
+_BEARER_USE = "use Authorization: Bearer sp_… (an API key) or Bearer <sandbox token>."
+
+
+def _authorization_hint(header: str) -> str | None:
+    """What was wrong with an Authorization header that no authentication class accepted,
+    without echoing the credential; None when there was no header."""
+    parts = header.split()
+    if not parts:
+        return None
+    if len(parts) == 1:
+        value = parts[0]
+        if value.startswith("sp_"):
+            return "The Authorization header lacks its scheme: use Authorization: Bearer sp_…"
+        if value.count(".") == 2:
+            return (
+                "The Authorization header lacks its scheme: use Authorization: Bearer "
+                "<sandbox token>."
+            )
+        return f"The Authorization header lacks its scheme: {_BEARER_USE}"
+    scheme = parts[0]
+    if scheme.lower() != "bearer":
+        return f"The Authorization scheme {scheme[:20]!r} is not accepted: {_BEARER_USE}"
+    if len(parts) > 2:
+        return f"Authorization: Bearer takes one value: {_BEARER_USE}"
+    return (
+        "Bearer takes an API key (sp_…) or a sandbox token (a JWT), and this is neither: "
+        + _BEARER_USE
+    )
 
 
 def json_error_response(code: str, message: str, status_code: int) -> JsonResponse:
@@ -162,7 +203,23 @@ def api_not_found(request: Any, *args: Any, **kwargs: Any) -> JsonResponse:
     """Every /api/ path no route matched, any method: the JSON 404. A URL pattern rather
     than handler404 alone, because under DEBUG Django answers a miss with its HTML page
     listing every URL pattern and never calls handler404."""
+    path = request.path
+    if path.endswith("/") and _routed(path.rstrip("/")):
+        return json_error_response(
+            "not_found",
+            f"No endpoint at {path}: API paths have no trailing slash; use {path.rstrip('/')}",
+            404,
+        )
     return json_error_response("not_found", "No such endpoint or object.", 404)
+
+
+def _routed(path: str) -> bool:
+    """Whether a view other than the /api/ catch-all serves `path`."""
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return False
+    return match.func is not api_not_found
 
 
 _STATUS_CODES = {

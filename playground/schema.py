@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import re
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter
+
+# Every path parameter of the API, described once rather than on each of the views using it.
+PATH_PARAMETERS: dict[str, tuple[type, str]] = {
+    "sandbox_id": (str, "The sandbox's id, as create and list return it (sbx_...)."),
+    "terminal_id": (str, "The terminal's id, as terminal create and list return it."),
+    "pid": (int, "A process id, as process start and list return it."),
+    "invoice_id": (int, "The invoice's id, as the invoice list returns it."),
+    "key_id": (int, "The API key's id, as the key list returns it."),
+    "member_id": (int, "The membership's id, as the member list returns it."),
+    "invitation_id": (int, "The invitation's id, as the invitation list returns it."),
+}
 
 
 class SandpitAutoSchema(AutoSchema):
+    def get_override_parameters(self):  # type: ignore[no-untyped-def]
+        # drf-spectacular's hook for parameters; @extend_schema's own come after these.
+        described = [
+            OpenApiParameter(
+                name,
+                type=PATH_PARAMETERS[name][0],
+                location=OpenApiParameter.PATH,
+                required=True,
+                description=PATH_PARAMETERS[name][1],
+            )
+            for name in re.findall(r"\{(\w+)\}", self.path)
+            if name in PATH_PARAMETERS
+        ]
+        return described + list(super().get_override_parameters())
+
     def _get_serializer(self):  # type: ignore[no-untyped-def]
         # Thin APIViews declare bodies with @extend_schema where the shape matters; the rest
         # return small JSON objects documented in the README instead of warning at check time.

@@ -12,6 +12,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
+from playground.inputs import InputSerializer
+
 from . import services
 from .apis import SandboxApi, _validated
 from .caller import Caller
@@ -29,12 +31,26 @@ from .watchers import port_url
 SHELLS = ("/bin/bash", "/bin/sh", "bash", "sh", "/usr/bin/python3", "python3")
 
 
-class TerminalCreateInput(serializers.Serializer):
-    cols = StrictIntegerField(min_value=2, max_value=1000, required=False, default=80)
-    rows = StrictIntegerField(min_value=1, max_value=500, required=False, default=24)
-    shell = StrictCharField(max_length=200, required=False, allow_null=True)
-    cwd = PathField(required=False, allow_null=True)
-    env = EnvField()
+class TerminalCreateInput(InputSerializer):
+    cols = StrictIntegerField(
+        min_value=2, max_value=1000, required=False, default=80, help_text="Columns (default 80)."
+    )
+    rows = StrictIntegerField(
+        min_value=1, max_value=500, required=False, default=24, help_text="Rows (default 24)."
+    )
+    shell = StrictCharField(
+        max_length=200,
+        required=False,
+        allow_null=True,
+        help_text="The program to run, one executable without arguments (default: the "
+        "sandbox's login shell, bash).",
+    )
+    cwd = PathField(
+        required=False,
+        allow_null=True,
+        help_text="Working directory, relative to /workspace (default /workspace).",
+    )
+    env = EnvField(help_text="Extra environment variables for the shell.")
 
     def validate_shell(self, value: str | None) -> str | None:
         if value and ("\x00" in value or " " in value):
@@ -42,9 +58,9 @@ class TerminalCreateInput(serializers.Serializer):
         return value
 
 
-class TerminalResizeInput(serializers.Serializer):
-    cols = StrictIntegerField(min_value=2, max_value=1000)
-    rows = StrictIntegerField(min_value=1, max_value=500)
+class TerminalResizeInput(InputSerializer):
+    cols = StrictIntegerField(min_value=2, max_value=1000, help_text="Columns.")
+    rows = StrictIntegerField(min_value=1, max_value=500, help_text="Rows.")
 
 
 def ws_url(request: Any, path: str) -> str:
