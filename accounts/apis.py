@@ -12,7 +12,7 @@ from playground.errors import Forbidden
 from playground.inputs import InputSerializer
 
 from . import services
-from .models import ApiKey, Invitation, Membership
+from .models import ApiKey, Invitation, Membership, Role
 from .permissions import HasOrganization, IsOrganizationManager, principal_of
 from .selectors import api_keys_for_org, invitation_get_for_org
 
@@ -125,9 +125,7 @@ class MemberDetailApi(APIView):
     permission_classes = [IsOrganizationManager]
 
     class MemberUpdateInput(InputSerializer):
-        role = serializers.ChoiceField(
-            choices=["owner", "admin", "member"], help_text="The member's new role."
-        )
+        role = serializers.ChoiceField(choices=Role.choices, help_text="The member's new role.")
 
     @extend_schema(request=MemberUpdateInput, responses=MembershipOutput)
     def patch(self, request, member_id: int):  # type: ignore[no-untyped-def]
@@ -163,7 +161,7 @@ class InvitationListApi(APIView):
     class InvitationCreateInput(InputSerializer):
         email = serializers.EmailField(help_text="Who to invite; the link is mailed there.")
         role = serializers.ChoiceField(
-            choices=["owner", "admin", "member"],
+            choices=Role.choices,
             default="member",
             help_text="The role on joining (default member).",
         )

@@ -164,7 +164,7 @@ def _takes_json(request: Any) -> bool:
     return any(parser.media_type == "application/json" for parser in request.parsers)
 
 
-_BEARER_USE = "use Authorization: Bearer sp_… (an API key) or Bearer <sandbox token>."
+_BEARER_USE = "Use Authorization: Bearer sp_… (an API key) or Bearer <sandbox token>."
 
 
 def _authorization_hint(header: str) -> str | None:
@@ -174,24 +174,17 @@ def _authorization_hint(header: str) -> str | None:
     if not parts:
         return None
     if len(parts) == 1:
-        value = parts[0]
-        if value.startswith("sp_"):
-            return "The Authorization header lacks its scheme: use Authorization: Bearer sp_…"
-        if value.count(".") == 2:
-            return (
-                "The Authorization header lacks its scheme: use Authorization: Bearer "
-                "<sandbox token>."
-            )
-        return f"The Authorization header lacks its scheme: {_BEARER_USE}"
+        if parts[0].startswith("sp_"):
+            return "Use Authorization: Bearer sp_… (the header lacks the Bearer scheme)."
+        if parts[0].count(".") == 2:
+            return "Use Authorization: Bearer <sandbox token> (the header lacks the Bearer scheme)."
+        return f"{_BEARER_USE} The header lacks the Bearer scheme."
     scheme = parts[0]
     if scheme.lower() != "bearer":
-        return f"The Authorization scheme {scheme[:20]!r} is not accepted: {_BEARER_USE}"
+        return f"The Authorization scheme {scheme[:20]!r} is not accepted. {_BEARER_USE}"
     if len(parts) > 2:
-        return f"Authorization: Bearer takes one value: {_BEARER_USE}"
-    return (
-        "Bearer takes an API key (sp_…) or a sandbox token (a JWT), and this is neither: "
-        + _BEARER_USE
-    )
+        return f"Bearer takes one value. {_BEARER_USE}"
+    return "Bearer takes an API key (sp_…) or a sandbox token (a JWT), and this is neither."
 
 
 def json_error_response(code: str, message: str, status_code: int) -> JsonResponse:

@@ -22,6 +22,24 @@ def _nested(field: serializers.Field) -> serializers.Serializer | None:
     return field if isinstance(field, serializers.Serializer) else None
 
 
+def _is_subsequence(short: str, long: str) -> bool:
+    letters = iter(long)
+    return all(letter in letters for letter in short)
+
+
+def _closest(key: str, names: list[str]) -> str | None:
+    """The declared name `key` most likely meant: one it abbreviates or misses letters of
+    (cmd -> command, templat -> template, cap -> cap_cents), else the most similar."""
+    lowered = key.lower()
+    shortened = [
+        name for name in names if _is_subsequence(lowered, name) and lowered[:1] == name[:1]
+    ]
+    if shortened:
+        return min(shortened, key=len)
+    close = difflib.get_close_matches(lowered, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 class InputSerializer(serializers.Serializer):
     """Validates like DRF's Serializer and also refuses keys that are not declared fields,
     each named in the error's details with a hint (see the module docstring)."""
@@ -57,8 +75,8 @@ class InputSerializer(serializers.Serializer):
         if isinstance(parent, serializers.Serializer) and key in parent.fields:
             where = "the top level" if parent.parent is None else f"{parent.field_name}"
             return f"unknown field in {self.field_name}; it belongs at {where}, beside it."
-        close = difflib.get_close_matches(key, list(self.fields), n=1, cutoff=0.6)
-        if close:
-            return f"unknown field; did you mean {close[0]}?"
+        meant = _closest(key, list(self.fields))
+        if meant:
+            return f"unknown field; did you mean {meant}?"
         known = ", ".join(self.fields) or "none"
         return f"unknown field; the fields here are: {known}."
