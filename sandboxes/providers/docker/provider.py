@@ -173,7 +173,7 @@ class DockerProvider:
         self.runtime = runtime
         self.gvisor_network_runtime = gvisor_network_runtime
         self.force_relay = relay
-        self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self.base_url = base_url or "unix:///var/run/docker.sock"
         self.label_prefix = label_prefix
         self.installation = installation
         self.max_file_bytes = max_file_bytes
@@ -247,7 +247,7 @@ class DockerProvider:
         if not _CONTAINER_REF.fullmatch(provider_id or ""):
             raise SandboxGone(f"Sandbox {provider_id!r} does not exist.")
         with translate(provider_id):
-            return self._api().inspect_container(provider_id)  # type: ignore[no-any-return]
+            return self._api().inspect_container(provider_id)
 
     def _is_ours(self, labels: Mapping[str, str]) -> bool:
         return (
