@@ -15,6 +15,7 @@ from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
 from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -283,6 +284,18 @@ class SandboxCommandApi(SandboxApi):
             return Response(s.exec_result_data(result, data["encoding"]))
 
         return self.operate(request, run)
+            if data["background"]:
+                info = services.sandbox_exec_background(
+                    caller=caller,
+                    sandbox=sandbox,
+                    command=data["command"],
+                    args=data.get("args"),
+                    cwd=data.get("cwd"),
+                    env=data.get("env"),
+                )
+                return Response(
+                    {**s.process_data(info), "background": True}, status=status.HTTP_202_ACCEPTED
+                )
 
 
 class SandboxCodeApi(SandboxApi):
@@ -543,6 +556,44 @@ class SandboxTokenApi(SandboxApi):
             return Response(
                 {
                     "token": token,
+class ProcessOutputApi(SandboxApi):
+    """The output a background command (POST .../commands with background true) wrote."""
+
+    required_scope = "exec"
+    sandbox_token_methods = frozenset({"GET"})
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("stdout_offset", int, description="Bytes of stdout already read."),
+            OpenApiParameter("stderr_offset", int, description="Bytes of stderr already read."),
+            OpenApiParameter("encoding", str, enum=list(s.OUTPUT_ENCODINGS)),
+        ]
+    )
+    def get(self, request: Request, sandbox_id: str, pid: int) -> Response:
+        query = _validated(s.BackgroundOutputQuery, request.query_params)
+        sandbox = self.sandbox(request, sandbox_id)
+
+        def run(caller: Caller) -> Response:
+            output = services.sandbox_background_output(
+                caller=caller,
+                sandbox=sandbox,
+                pid=pid,
+                stdout_offset=query["stdout_offset"],
+                stderr_offset=query["stderr_offset"],
+            )
+            return Response(
+                s.background_output_data(
+                    pid,
+                    output,
+                    stdout_offset=query["stdout_offset"],
+                    stderr_offset=query["stderr_offset"],
+                    encoding=query["encoding"],
+                )
+            )
+
+        return self.operate(request, run)
+
+
                     "scopes": sorted(set(data["scopes"])),
                     "expires_at": expires_at.isoformat(),
                 },

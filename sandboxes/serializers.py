@@ -258,6 +258,22 @@ class CommandInput(InputSerializer):
     )
     stdin = StdinField(help_text="Text fed to the command's standard input (at most 1 MiB).")
     encoding = EncodingField()
+    background = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="true: start the command and answer at once (202) with its pid; its output "
+        "is kept for GET .../processes/{pid}/output. Not with stdin or timeout_s.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("background"):
+            given = [name for name in ("stdin", "timeout_s") if attrs.get(name) is not None]
+            if given:
+                raise serializers.ValidationError(
+                    f"A background command takes no {' or '.join(given)}: it runs until it "
+                    "exits or is signalled (POST .../processes/{pid}/signal)."
+                )
+        return attrs
 
     def validate_timeout_s(self, value: float) -> float:
         ceiling = settings.SANDPIT_MAX_COMMAND_TIMEOUT_S
@@ -316,6 +332,24 @@ def exec_result_data(result: ExecResult, encoding: str = "utf-8") -> dict[str, A
     }
 
 
+def background_output_data(
+    pid: int, output: Any, *, stdout_offset: int, stderr_offset: int, encoding: str
+) -> dict[str, Any]:
+    """A background command's output since the offsets, the offsets to ask from next time,
+    and its state (running null when the sandbox no longer lists it)."""
+    process = output.process
+    return {
+        "pid": pid,
+        "stdout": _encoded(output.stdout, encoding),
+        "stderr": _encoded(output.stderr, encoding),
+        "encoding": encoding,
+        "stdout_offset": stdout_offset + len(output.stdout),
+        "stderr_offset": stderr_offset + len(output.stderr),
+        "running": process.running if process is not None else None,
+        "exit_code": process.exit_code if process is not None else None,
+    }
+
+
 def file_entry_data(entry: FileEntry) -> dict[str, Any]:
     return {
         "name": entry.name,
@@ -344,6 +378,16 @@ class PathQuery(serializers.Serializer):
     length = serializers.IntegerField(
         required=False, min_value=0, max_value=MAX_OFFSET, allow_null=True, default=None
     )
+
+
+class BackgroundOutputQuery(serializers.Serializer):
+    stdout_offset = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_OFFSET, default=0
+    )
+    stderr_offset = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_OFFSET, default=0
+    )
+    encoding = EncodingField()
 
 
 class ExistsOutput(serializers.Serializer):

@@ -25,6 +25,11 @@ urlpatterns = [
         apis.ProcessSignalApi.as_view(),
         name="api-sandbox-process-signal",
     ),
+    path(
+        f"{sandbox}/processes/<int:pid>/output",
+        apis.ProcessOutputApi.as_view(),
+        name="api-sandbox-process-output",
+    ),
     path(f"{sandbox}/tokens", apis.SandboxTokenApi.as_view(), name="api-sandbox-tokens"),
     path("run", apis.RunApi.as_view(), name="api-run"),
     path("providers", apis.ProviderListApi.as_view(), name="api-providers"),

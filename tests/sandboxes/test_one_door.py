@@ -56,6 +56,8 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/v1/sandboxes/<str:sandbox_id>/processes", "GET"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/processes", "POST"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/processes/<int:pid>/signal", "POST"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/processes/<int:pid>/output", "GET"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/commands", "POST background"): 1,
     # tokens, providers, terminals, ports
     ("api/v1/sandboxes/<str:sandbox_id>/tokens", "POST"): 1,
     ("api/v1/providers", "GET"): 0,
@@ -98,6 +100,9 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/schema/", "GET"): NOT_SANDBOX,
     ("api/docs/", "GET"): NOT_SANDBOX,
 }
+
+VARIANTS = {("api/v1/sandboxes/<str:sandbox_id>/commands", "POST background")}
+"""A route's second way in, driven on its own: a background command starts a process."""
 
 WS_OPERATIONS = {
     "ws/sandboxes/<str:sandbox_id>/terminals/<str:terminal_id>": {"input line"},
@@ -164,7 +169,12 @@ def _ws_routes() -> Iterator[tuple[str, str]]:
 
 
 def test_every_route_has_an_expected_count() -> None:
-    found = set(_api_routes()) | set(_ws_routes()) | {("sandboxes/<id>/ports/<port>/", "GET")}
+    found = (
+        set(_api_routes())
+        | set(_ws_routes())
+        | {("sandboxes/<id>/ports/<port>/", "GET")}
+        | VARIANTS
+    )
     assert found - set(EXPECTED) == set(), "routes without an entry in EXPECTED"
     assert set(EXPECTED) - found == set(), "EXPECTED lists routes that no longer exist"
 
@@ -257,6 +267,17 @@ def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-unty
             (f"{sbx}/processes", "POST"), "POST", f"{base}/processes", {"command": "sleep 300"}
         )
         await arest((f"{sbx}/processes", "GET"), "GET", f"{base}/processes")
+        background = await arest(
+            (f"{sbx}/commands", "POST background"),
+            "POST",
+            f"{base}/commands",
+            {"command": "echo bg", "background": True},
+        )
+        await arest(
+            (f"{sbx}/processes/<int:pid>/output", "GET"),
+            "GET",
+            f"{base}/processes/{background.json()['pid']}/output",
+        )
         await arest(
             (f"{sbx}/processes/<int:pid>/signal", "POST"),
             "POST",

@@ -73,6 +73,8 @@ def test_sdk_requests_match_the_openapi_schema(client):  # type: ignore[no-untyp
         sandbox.files.remove("d", recursive=True)
         process = sandbox.processes.start("sleep", ["100"], cwd=".", env={"C": "3"})
         sandbox.processes.list()
+        detached = sandbox.commands.start("echo", ["detached"], cwd=".", env={"E": "5"})
+        sandbox.commands.output(detached.pid, stdout_offset=0, stderr_offset=0)
         sandbox.processes.signal(process.pid, "SIGTERM")
         terminal = sandbox.terminals.create(80, 24, shell="/bin/sh", cwd=".", env={"D": "4"})  # noqa: S604
         sandbox.terminals.list()

@@ -68,6 +68,20 @@ def test_binary_command_output_survives(sbx):  # type: ignore[no-untyped-def]
     assert code.stderr_bytes == b"\xfe\n"
 
 
+def test_detached_command_keeps_its_output(sbx):  # type: ignore[no-untyped-def]
+    sbx.files.write("go.sh", "echo one; while [ ! -e go ]; do sleep 0.05; done; echo two >&2")
+    started = sbx.commands.start("sh", ["go.sh"])
+    assert started.running and started.command == "sh go.sh"
+    first = sbx.commands.output(started.pid)
+    while first.stdout != "one\n":
+        first = sbx.commands.output(started.pid)
+    sbx.files.write("go", "")
+    rest = sbx.commands.output(started.pid, stdout_offset=first.stdout_offset)
+    while rest.running:
+        rest = sbx.commands.output(started.pid, stdout_offset=first.stdout_offset)
+    assert (rest.stdout, rest.stderr_bytes, rest.exit_code) == ("", b"two\n", 0)
+
+
 def test_files(sbx):  # type: ignore[no-untyped-def]
     entry = sbx.files.write("dir/hello.txt", "hello")
     assert (entry.path, entry.size_bytes, entry.type) == ("dir/hello.txt", 5, "file")

@@ -24,6 +24,7 @@ from .errors import (
     SandpitError,
 )
 from .models import (
+    BackgroundOutput,
     CommandResult,
     FileEntry,
     FileEvent,
@@ -42,6 +43,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandpit",
     "AuthError",
+    "BackgroundOutput",
     "CommandHandle",
     "CommandResult",
     "FileEntry",

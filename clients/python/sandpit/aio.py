@@ -21,6 +21,7 @@ from .errors import (
     error_from,
 )
 from .models import (
+    BackgroundOutput,
     CommandResult,
     FileEntry,
     FileEvent,
@@ -411,6 +412,35 @@ class AsyncCommands:
         wait = (timeout_s or 300) + c.HTTP_MARGIN_S
         response = await self._sandbox._request("POST", "/commands", json=body, timeout_s=wait)
         return CommandResult.from_json(response.json())
+
+    async def start(
+        self,
+        cmd: str,
+        args: list[str] | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ProcessInfo:
+        """Start `cmd` detached (it outlives this client) and return at once; read what it
+        writes with `output(pid)`, stop it with `sandbox.processes.kill(pid)`."""
+        body = {**c.command_body(cmd, args, cwd, env, None, None), "background": True}
+        response = await self._sandbox._request("POST", "/commands", json=body)
+        return ProcessInfo.from_json(response.json())
+
+    async def output(
+        self, pid: int, *, stdout_offset: int = 0, stderr_offset: int = 0
+    ) -> BackgroundOutput:
+        """What a command from `start()` wrote after the given byte offsets (pass back the
+        previous answer's offsets to read only what is new), and whether it still runs."""
+        params = {
+            "stdout_offset": stdout_offset,
+            "stderr_offset": stderr_offset,
+            "encoding": "base64",
+        }
+        response = await self._sandbox._request(
+            "GET", f"/processes/{int(pid)}/output", params=params
+        )
+        return BackgroundOutput.from_json(response.json())
 
     async def _stream(
         self,

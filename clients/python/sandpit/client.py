@@ -11,6 +11,7 @@ from ._sync_realtime import CommandHandle, Terminal, Watcher, exec_handle, open_
 from .config import Config, resolve_config
 from .errors import NotFoundError
 from .models import (
+    BackgroundOutput,
     CommandResult,
     FileEntry,
     FileEvent,
@@ -370,7 +371,7 @@ class Commands:
         with `background=True` a `CommandHandle` returns at once (`wait()`, `kill()`,
         `send_stdin()`); stdin stays open until `close_stdin()` unless `stdin` was given.
         A background command lives as long as its handle's socket: it is killed when this
-        process exits (use `sandbox.processes.start()` for one that outlives it).
+        process exits (use `commands.start()` for one that outlives it, output kept).
         """
         if background or on_stdout or on_stderr:
             message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
@@ -383,6 +384,37 @@ class Commands:
             "POST", self._sandbox.path("/commands"), json=body, timeout_s=wait
         )
         return CommandResult.from_json(response.json())
+
+    def start(
+        self,
+        cmd: str,
+        args: list[str] | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ProcessInfo:
+        """Start `cmd` detached (it outlives this client) and return at once; read what it
+        writes with `output(pid)`, stop it with `sandbox.processes.kill(pid)`."""
+        body = {**c.command_body(cmd, args, cwd, env, None, None), "background": True}
+        response = self._sandbox.client.http.request(
+            "POST", self._sandbox.path("/commands"), json=body
+        )
+        return ProcessInfo.from_json(response.json())
+
+    def output(
+        self, pid: int, *, stdout_offset: int = 0, stderr_offset: int = 0
+    ) -> BackgroundOutput:
+        """What a command from `start()` wrote after the given byte offsets (pass back the
+        previous answer's offsets to read only what is new), and whether it still runs."""
+        params = {
+            "stdout_offset": stdout_offset,
+            "stderr_offset": stderr_offset,
+            "encoding": "base64",
+        }
+        response = self._sandbox.client.http.request(
+            "GET", self._sandbox.path(f"/processes/{int(pid)}/output"), params=params
+        )
+        return BackgroundOutput.from_json(response.json())
 
     def _stream(
         self,

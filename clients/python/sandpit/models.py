@@ -231,6 +231,39 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class BackgroundOutput:
+    """What a background command (`commands.start`) wrote since the offsets asked for."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdout_offset: int
+    """Bytes of stdout read so far: pass it back to get only what comes next."""
+    stderr_offset: int
+    running: bool | None
+    """None when the sandbox no longer lists the process."""
+    exit_code: int | None = None
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackgroundOutput:
+        return cls(
+            stdout_bytes=base64.b64decode(data.get("stdout", "")),
+            stderr_bytes=base64.b64decode(data.get("stderr", "")),
+            stdout_offset=int(data.get("stdout_offset", 0)),
+            stderr_offset=int(data.get("stderr_offset", 0)),
+            running=data.get("running"),
+            exit_code=data.get("exit_code"),
+        )
+
+
+@dataclass(frozen=True)
 class TerminalInfo:
     """A terminal (a shell on a PTY) in the sandbox."""
 
