@@ -40,7 +40,7 @@ from playground.logging import sandbox_id_var
 
 from .models import Sandbox, SandboxState
 from .providers import configured_provider_names, get_provider
-from .providers.base import ExecRequest, ProviderError, SandboxGone, SandboxHandle
+from .providers.base import Capability, ExecRequest, ProviderError, SandboxGone, SandboxHandle
 from .providers.base import SandboxState as HandleState
 from .services import provider_for, sandbox_destroy, sandbox_transition
 
@@ -136,8 +136,13 @@ def _idle_deadline(sandbox: Sandbox) -> datetime:
 
 def _running_user_processes(sandbox: Sandbox) -> int:
     """How many user processes (dev servers, background jobs) run in the sandbox.
-    Raises ProviderError when the provider cannot tell."""
-    processes = provider_for(sandbox).list_processes(sandbox.provider_id)
+    Raises ProviderError when the provider cannot tell. A provider without background
+    processes has none to keep the sandbox alive: 0, so the idle timeout, which is the
+    reaper's on every provider, still ends it."""
+    provider = provider_for(sandbox)
+    if Capability.PROCESSES not in provider.capabilities:
+        return 0
+    processes = provider.list_processes(sandbox.provider_id)
     return sum(1 for process in processes if process.running)
 
 

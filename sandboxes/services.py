@@ -230,6 +230,7 @@ def sandbox_create(
         sandbox_id=sandbox.id,
         template=template,
         timeout_s=sandbox.timeout_s,
+        lifetime_s=settings.SANDPIT_MAX_LIFETIME_S,
         network=network,
         resources=resolved,
         env=dict(env or {}),
@@ -306,13 +307,18 @@ def _destroy(sandbox: Sandbox, *, reason: str, only_if_idle: bool) -> bool:
 
 
 def sandbox_set_timeout(*, caller: Caller, sandbox: Sandbox, timeout_s: int) -> Sandbox:
-    """Set the idle timeout and count as activity (keep-alive); counted once."""
+    """Set the idle timeout and count as activity (keep-alive); counted once.
+
+    The idle timeout is the reaper's on every provider. A provider with its own kill timer
+    keeps it at the sandbox's end of life (expires_at), renewed here: never the idle
+    timeout, which would end a sandbox in use when that timer ran out."""
     with metered(caller, feature="sandbox", operation="sandbox.timeout"):
         _require_running(sandbox)
         provider = provider_for(sandbox)
-        if Capability.TIMEOUT in provider.capabilities:
-            _call(sandbox, provider.set_timeout, sandbox.provider_id, timeout_s)
         now = timezone.now()
+        if Capability.TIMEOUT in provider.capabilities:
+            remaining_s = max(1, int((sandbox.expires_at - now).total_seconds()))
+            _call(sandbox, provider.set_timeout, sandbox.provider_id, remaining_s)
         Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
         sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
     return sandbox

@@ -157,7 +157,12 @@ class SandboxSpec:
     sandbox_id: str
     template: str = "default"
     timeout_s: int = 900
-    """Idle timeout hint; the reaper enforces it, a provider may also."""
+    """Idle timeout: no activity for this long ends the sandbox. Sandpit's reaper enforces
+    it on every provider, because only Sandpit sees all activity (API calls, keystrokes,
+    previews); a provider must not turn it into a kill timer of its own."""
+    lifetime_s: int = 24 * 3600
+    """The longest the sandbox may live, activity or not. A provider with its own kill
+    timer (the cloud ones) sets that timer to this, as a backstop should Sandpit stop."""
     network: bool = False
     """Outbound network allowed. False means loopback only."""
     resources: Resources = field(default_factory=Resources)
@@ -401,7 +406,11 @@ class SandboxProvider(Protocol):
         """Destroy and free everything. False when it was already gone."""
         ...
 
-    def set_timeout(self, provider_id: str, timeout_s: int) -> None: ...
+    def set_timeout(self, provider_id: str, timeout_s: int) -> None:
+        """Renew the provider's own kill timer to `timeout_s` seconds from now (the
+        sandbox's remaining lifetime, see SandboxSpec.lifetime_s). The idle timeout is not
+        the provider's: a provider without a timer may ignore this."""
+        ...
 
     def stats(self, provider_id: str) -> SandboxStats: ...
 

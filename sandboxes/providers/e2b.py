@@ -428,7 +428,8 @@ class E2BProvider:
         with self._translate():
             sandbox = self._cls.create(
                 template=template,
-                timeout=spec.timeout_s,
+                # E2B's timeout is a kill timer: the lifetime, never the idle timeout.
+                timeout=spec.lifetime_s,
                 metadata=metadata,
                 envs=check_env(spec.env),
                 allow_internet_access=spec.network,
@@ -461,7 +462,8 @@ class E2BProvider:
             return bool(self._cls.kill(provider_id, **self._opts))
 
     def set_timeout(self, provider_id: str, timeout_s: int) -> None:
-        """E2B kills the sandbox `timeout_s` seconds from now unless extended again."""
+        """Renew E2B's kill timer: it kills the sandbox `timeout_s` seconds from now unless
+        extended again (Sandpit passes the remaining lifetime)."""
         with self._translate(provider_id):
             self._cls.set_timeout(provider_id, timeout_s, **self._opts)
 

@@ -31,6 +31,8 @@ class LocalShellProvider(ShellCloudProvider):
         super().__init__()
         self.root = root
         self.created: dict[str, datetime] = {}
+        self.specs: dict[str, SandboxSpec] = {}
+        """What each sandbox was created with (a cloud adapter maps it to its SDK's call)."""
 
     def _dir(self, provider_id: str) -> Path:
         if provider_id not in self.created:
@@ -41,6 +43,7 @@ class LocalShellProvider(ShellCloudProvider):
         provider_id = uuid.uuid4().hex
         (self.root / provider_id).mkdir()
         self.created[provider_id] = datetime.now(UTC)
+        self.specs[provider_id] = spec
         return self.get(provider_id)
 
     def get(self, provider_id: str) -> SandboxHandle:

@@ -4,6 +4,7 @@ the provider is chosen by environment alone, and a missing key is a clear 503.""
 from __future__ import annotations
 
 import inspect
+from datetime import UTC, datetime
 
 import pytest
 
@@ -147,7 +148,7 @@ def test_non_recursive_remove_of_non_empty_dir_conflicts(e2b_provider, sandbox):
 
 
 def test_set_timeout_reaches_the_sdk(e2b_provider, sandbox, fake_e2b_cloud):  # type: ignore[no-untyped-def]
-    before = fake_e2b_cloud.sandboxes[sandbox].end_at
+    # Created with the spec's lifetime (a day); set_timeout moves E2B's kill timer.
     e2b_provider.set_timeout(sandbox, 3600)
     assert fake_e2b_cloud.sandboxes[sandbox].end_at > before
 

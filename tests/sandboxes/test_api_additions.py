@@ -5,9 +5,14 @@ the workspace. Real local provider, real Postgres."""
 from __future__ import annotations
 
 import base64
+import shutil
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 
+from sandboxes.models import Sandbox
+from tests.cloud.conftest import e2b_provider, fake_e2b_cloud  # noqa: F401, F811 - fixtures
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -188,3 +193,76 @@ def test_output_other_org_and_anonymous(api_b, anon_api, sandbox_a):
         ),
         404,
     )
+
+
+# --- timeout_s: an idle timeout on every provider, and a separate lifetime -----------------
+
+
+@pytest.fixture
+def cloud_fakes(settings, fake_e2b_cloud, e2b_provider, tmp_path):  # type: ignore[no-untyped-def]  # noqa: F811
+    """The e2b adapter on its fake SDK and the shell layer on its local stand-in, enabled
+    as providers "e2b" and "local-shell"."""
+    from sandboxes import providers
+    from tests.cloud.local_shell import LocalShellProvider
+
+    if shutil.which("unshare") is None:
+        pytest.skip("the shell stand-in needs unshare")
+    settings.SANDPIT_PROVIDERS = ["e2b", "local-shell"]
+    providers.reset_providers()
+    shell = LocalShellProvider(tmp_path)
+    providers._instances.update({"e2b": e2b_provider, "local-shell": shell})
+    yield {"e2b": e2b_provider, "local-shell": shell}
+    for sandbox in Sandbox.objects.filter(provider__in=["e2b", "local-shell"]).exclude(
+        provider_id=""
+    ):
+        providers._instances[sandbox.provider].destroy(sandbox.provider_id)
+    # Not closed by reset_providers: the e2b adapter is the session's.
+    providers._instances.pop("e2b", None)
+    providers._instances.pop("local-shell", None)
+    providers.reset_providers()
+
+
+def _lifetime_left_s(name: str, fakes: dict, cloud, provider_id: str) -> float:  # type: ignore[no-untyped-def]
+    """How long the provider itself would let the sandbox live, from now."""
+    if name == "e2b":
+        return (cloud.sandboxes[provider_id].end_at - datetime.now(UTC)).total_seconds()
+    return float(fakes[name].specs[provider_id].lifetime_s)
+
+
+@pytest.mark.parametrize("name", ["e2b", "local-shell"])
+def test_cloud_timeout_is_idle_and_the_provider_timer_is_the_lifetime(  # type: ignore[no-untyped-def]
+    name,
+    api_a,
+    cloud_fakes,
+    fake_e2b_cloud,  # noqa: F811
+):
+    lifetime_s = settings.SANDPIT_MAX_LIFETIME_S
+    created = api_a.post("/api/v1/sandboxes", {"provider": name, "timeout_s": 60}, format="json")
+    assert created.status_code == 201, created.content
+    sandbox = Sandbox.objects.get(pk=created.json()["id"])
+    assert sandbox.timeout_s == 60
+    # The provider's own kill timer is the lifetime, not the 60 s idle timeout.
+    assert (
+        _lifetime_left_s(name, cloud_fakes, fake_e2b_cloud, sandbox.provider_id) > lifetime_s - 60
+    )
+
+    # A keep-alive changes the idle timeout only; the provider's timer is renewed to the
+    # sandbox's end of life.
+    assert (
+        api_a.post(url(created.json(), "/timeout"), {"timeout_s": 30}, format="json").status_code
+        == 200
+    )
+    sandbox.refresh_from_db()
+    if name == "e2b":
+        end_at = fake_e2b_cloud.sandboxes[sandbox.provider_id].end_at
+        assert abs((end_at - sandbox.expires_at).total_seconds()) < 5
+
+    # The reaper owns the idle timeout: kept while active, reaped once idle past it.
+    from sandboxes.operations import reap_sandboxes
+
+    active = sandbox.last_activity_at + timedelta(seconds=20)
+    assert sandbox.id not in reap_sandboxes(now=active, sweep_leftovers=False).reaped_idle
+    idle = sandbox.last_activity_at + timedelta(seconds=31)
+    assert reap_sandboxes(now=idle, sweep_leftovers=False).reaped_idle == [sandbox.id]
+    sandbox.refresh_from_db()
+    assert (sandbox.state, sandbox.destroy_reason) == ("destroyed", "idle")

@@ -87,7 +87,7 @@ class BlaxelProvider(ShellCloudProvider):
             image=_DEFAULT_IMAGE if spec.template in ("", "default") else spec.template,
             memory=spec.resources.memory_mb,
             envs=[{"name": k, "value": v} for k, v in spec.env.items()],
-            ttl=f"{max(1, math.ceil(spec.timeout_s / 60))}m",
+            ttl=f"{max(1, math.ceil(spec.lifetime_s / 60))}m",  # a kill timer: the lifetime
             labels={
                 **spec.labels,
                 "sandpit.installation": self.installation,

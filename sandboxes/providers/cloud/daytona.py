@@ -96,7 +96,9 @@ class DaytonaProvider(ShellCloudProvider):
                 "sandpit.sandbox_id": spec.sandbox_id,
             },
             env_vars=check_env(spec.env),
-            auto_stop_interval=max(1, math.ceil(spec.timeout_s / 60)),
+            # Daytona's own idle stop sees only its own API's activity, not Sandpit's
+            # terminals and previews: the reaper owns the idle timeout, this is a backstop.
+            auto_stop_interval=max(1, math.ceil(spec.lifetime_s / 60)),
             network_block_all=not spec.network,
         )
         with self._translate():
@@ -120,7 +122,8 @@ class DaytonaProvider(ShellCloudProvider):
         return True
 
     def set_timeout(self, provider_id: str, timeout_s: int) -> None:
-        """Daytona stops a sandbox after this many idle minutes (rounded up)."""
+        """Renew the backstop: Daytona stops a sandbox after this many minutes (rounded up)
+        without activity it sees; Sandpit passes the remaining lifetime."""
         sandbox = self._sandbox(provider_id)
         with self._translate(provider_id):
             sandbox.set_autostop_interval(max(1, math.ceil(timeout_s / 60)))

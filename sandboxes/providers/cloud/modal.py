@@ -115,7 +115,7 @@ class ModalProvider(ShellCloudProvider):
                 app=self._app(),
                 image=image,
                 env=check_env(spec.env),
-                timeout=spec.timeout_s,
+                timeout=spec.lifetime_s,  # a kill timer: the lifetime, not the idle timeout
                 workdir=self.workspace,
                 cpu=spec.resources.cpu_count,
                 memory=spec.resources.memory_mb,

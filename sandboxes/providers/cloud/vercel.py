@@ -83,7 +83,7 @@ class VercelProvider(ShellCloudProvider):
             sandbox = self._sdk.create_sandbox(
                 name=f"sandpit-{spec.sandbox_id}",
                 image=None if spec.template in ("", "default") else spec.template,
-                execution_time_limit=spec.timeout_s,
+                execution_time_limit=spec.lifetime_s,  # a kill timer: the lifetime
                 env=check_env(spec.env),
                 tags={
                     **spec.labels,

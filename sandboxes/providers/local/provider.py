@@ -534,7 +534,7 @@ class LocalProvider:
             self._identities.release(host_uid)
 
     def set_timeout(self, provider_id: str, timeout_s: int) -> None:
-        """Record the idle timeout hint (the reaper enforces it)."""
+        """Record the remaining lifetime (local has no kill timer; the reaper ends it)."""
         sdir, state = self._state(provider_id)
         state.timeout_s = int(timeout_s)
         state.save(sdir / "state.json")
