@@ -1,7 +1,7 @@
 """envd's process service (process.Process) on Sandpit: commands and PTYs.
 
-A command is a streamed run (sandboxes.streaming.sandbox_exec_stream_open: the runner on a
-PTY in the sandbox, stdout and stderr apart), read by the exec socket's own ExecRun; a PTY
+A command is a streamed run (sandboxes.streaming.sandbox_exec_stream_open: stdout and
+stderr apart, then the exit status), read by the exec socket's own ExecRun; a PTY
 is a Sandpit terminal (sandboxes.terminals). Both are registered here under the pid the SDK
 knows them by, so commands.list/connect/kill/send_stdin and pty.* find them later. Like
 terminals, they live in the web process that started them.
@@ -10,7 +10,6 @@ terminals, they live in the web process that started them.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import secrets
 from collections.abc import AsyncIterator
@@ -202,7 +201,7 @@ class ProcessService:
         self, caller: Caller, sandbox: Sandbox, request: pb.StartRequest, ctx: Any
     ) -> E2BProcess:
         config = request.process or pb.ProcessConfig()
-        pty = await call(
+        stream = await call(
             sandbox_exec_stream_open,
             caller=caller,
             sandbox=sandbox,
@@ -213,9 +212,9 @@ class ProcessService:
             timeout_s=_timeout_s(ctx),
         )
         process = E2BProcess(sandbox, config, request.tag if request.has_field("tag") else None)
-        process.run = ExecRun(process, "e2b" + secrets.token_hex(4), pty)  # type: ignore[arg-type]
+        process.run = ExecRun(process, "e2b" + secrets.token_hex(4), stream)
         if not (request.has_field("stdin") and request.stdin):
-            process.run.send(b"C \n")  # E2B closes stdin unless asked to keep it
+            process.run.close_stdin()  # E2B closes stdin unless asked to keep it
         return process
 
     async def _start_pty(
@@ -291,7 +290,7 @@ class ProcessService:
             await call(process.session.flush, first=first, count=count)
         elif process.run is not None:
             await call(sandbox_exec_stream_stdin, caller=caller)
-            process.run.send(b"I " + base64.b64encode(payload) + b"\n")
+            process.run.write_stdin(payload)
 
     async def send_input(
         self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any]
@@ -345,7 +344,7 @@ class ProcessService:
             process.finish(-1, "signal: killed")
         elif process.run is not None:
             await call(e2b_run_signal_authorize, caller=caller, number=number)
-            process.run.send(b"K " + str(number).encode() + b"\n")
+            process.run.signal(number)
         return pb.SendSignalResponse()
 
     async def close_stdin(
@@ -355,7 +354,7 @@ class ProcessService:
         _, sandbox = await envd_caller(ctx)
         process = registry.get(sandbox.id, request.process)
         if process.run is not None:
-            process.run.send(b"C \n")
+            process.run.close_stdin()
         return pb.CloseStdinResponse()
 
     async def update(

@@ -9,7 +9,10 @@ the sandbox accepted it.
 
 from __future__ import annotations
 
+import base64
 import json
+import select
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +26,24 @@ from .activity import sandbox_touch_id
 from .caller import Caller, billing_allows, billing_authorize, billing_record, metered
 from .models import Sandbox, SandboxState
 from .programs import exec_runner
-from .providers.base import Capability, InvalidRequest, PortStream, ProviderError, PtySession
+from .providers.base import (
+    Capability,
+    ExecEvent,
+    ExecRequest,
+    ExecStream,
+    InvalidRequest,
+    PortStream,
+    ProviderError,
+    PtySession,
+    SandboxGone,
+    SandboxProvider,
+)
 from .services import provider_for, require_capability, resolve_language
 from .watchers import FileWatcher, WatchSpec, sandbox_pollers
 
 __all__ = [  # the provider types a streaming interface handles, re-exported
+    "ExecEvent",
+    "ExecStream",
     "InvalidRequest",
     "PortStream",
     "ProviderError",
@@ -38,6 +54,11 @@ EXEC_RUNNER_SOURCE = Path(exec_runner.__file__).read_text()
 """The runner program, handed to the sandbox's python3 in an environment variable."""
 EXEC_LAUNCH = b'exec python3 -I -S -c "$SANDPIT_RUNNER"\n'
 READY_MARK = exec_runner.READY_MARK
+RUNNER_START_TIMEOUT_S = 30.0
+"""How long the runner may take to start the command (python3 starting in the sandbox)."""
+UNTIMED_RUN_S = 7 * 24 * 3600.0
+"""The timeout handed to exec_stream for a run without one: it lasts as long as its
+sandbox, but the agent wants a number (and poll() a finite one)."""
 LANGUAGE_ARGV = {
     "python": ["python3", "-u", "-c"],
     "node": ["node", "-e"],
@@ -69,6 +90,139 @@ def exec_stream_argv(
     return [command, *[str(a) for a in args]], "exec.command"
 
 
+class RunnerExecStream:
+    """An ExecStream for a provider without `exec_stream`: sandboxes/programs/exec_runner.py
+    on a PTY in the sandbox, its frames turned into ExecEvents.
+
+    Made by `open`, which returns once the runner has started the command (its pid known),
+    so nothing is ever written to the PTY before the runner switched it to raw mode. Frames
+    already read are kept: call `read_events` once without waiting for `fileno()`."""
+
+    def __init__(self, pty: PtySession) -> None:
+        self._pty = pty
+        self.pid = 0
+        self._buffer = b""
+        self._events: list[ExecEvent] = []
+        self._ended = False
+
+    @classmethod
+    def open(
+        cls,
+        provider: SandboxProvider,
+        provider_id: str,
+        *,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str],
+        timeout_s: float | None,
+        start_timeout_s: float = RUNNER_START_TIMEOUT_S,
+    ) -> RunnerExecStream:
+        """Start `argv` under the runner on a new PTY in the sandbox; returns once the
+        runner has started it (or reported that it could not: 127). Raises the provider's
+        errors, ProviderError when the runner does not start in `start_timeout_s` (the
+        PTY is closed then). Synchronous."""
+        spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "timeout_s": timeout_s}
+        pty = provider.open_pty(  # noqa: S604 - a fixed shell, not user input
+            provider_id,
+            cols=200,
+            rows=50,
+            shell="/bin/sh",
+            env={"SANDPIT_RUNNER": EXEC_RUNNER_SOURCE, "SANDPIT_EXEC": json.dumps(spec)},
+        )
+        stream = cls(pty)
+        try:
+            pty.write(EXEC_LAUNCH)
+            deadline = time.monotonic() + start_timeout_s
+            while not stream._ended and stream.pid <= 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ProviderError("the command runner did not start in the sandbox")
+                select.select([pty.fileno()], [], [], remaining)
+                try:
+                    stream._pull()
+                except BlockingIOError:
+                    continue
+        except BaseException:
+            pty.close()
+            raise
+        return stream
+
+    def fileno(self) -> int:
+        return self._pty.fileno()
+
+    def read_events(self) -> list[ExecEvent]:
+        """What has arrived (non-blocking); raises BlockingIOError when nothing has. The
+        last event is 'exit' (exit_code None when the PTY ended without the runner's exit
+        frame); after it, []."""
+        if not self._events and not self._ended:
+            self._pull()
+        if not self._events and not self._ended:
+            raise BlockingIOError
+        events, self._events = self._events, []
+        return events
+
+    def _pull(self) -> None:
+        """Read what the PTY has (BlockingIOError when nothing) and parse whole frames."""
+        data = self._pty.read(65536)
+        if not data:
+            self._end(ExecEvent("exit"))
+            return
+        self._buffer += data
+        if not self.pid:
+            mark = self._buffer.find(READY_MARK)
+            if mark < 0:
+                # What the PTY echoed of the launch line; keep a tail the mark may start in.
+                self._buffer = self._buffer[-len(READY_MARK) :]
+                return
+            self._buffer = self._buffer[mark + len(READY_MARK) :]
+            self.pid = -1  # raw mode is on; the start frame gives the real pid
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            kind, _, payload = line.strip(b"\r").partition(b" ")
+            try:
+                value = base64.b64decode(payload)
+            except ValueError:
+                continue
+            if kind == b"O":
+                self._events.append(ExecEvent("stdout", value))
+            elif kind == b"E":
+                self._events.append(ExecEvent("stderr", value))
+            elif kind == b"S":
+                self.pid = int(value or 0)
+            elif kind in (b"X", b"T"):
+                self._end(ExecEvent("exit", exit_code=int(value or -1), timed_out=kind == b"T"))
+                return
+
+    def _end(self, event: ExecEvent) -> None:
+        self._ended = True
+        self._events.append(event)
+        self._buffer = b""
+        if self.pid < 0:
+            self.pid = 0
+
+    def _send(self, frame: bytes) -> None:
+        if self._ended:
+            return
+        try:
+            self._pty.write(frame)
+        except SandboxGone:
+            pass  # the command has ended; its exit frame (or the PTY's end) tells the rest
+
+    def write_stdin(self, data: bytes) -> None:
+        self._send(b"I " + base64.b64encode(data) + b"\n")
+
+    def close_stdin(self) -> None:
+        self._send(b"C \n")
+
+    def signal(self, signal: int) -> None:
+        self._send(b"K " + str(int(signal)).encode() + b"\n")
+
+    def close(self) -> None:
+        """Kill the command's tree (closing the PTY session kills everything in it)."""
+        self._ended = True
+        self._pty.close()
+
+
 def sandbox_exec_stream_open(
     *,
     caller: Caller,
@@ -78,27 +232,45 @@ def sandbox_exec_stream_open(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
-) -> PtySession:
-    """Start one streamed run: the runner (sandboxes/programs/exec_runner.py) on a PTY in the
-    sandbox, already launched; its frames follow READY_MARK. Counted once as `operation`.
+) -> ExecStream:
+    """Start one streamed run, counted once as `operation`. The provider's own exec_stream
+    where it has one (the in-sandbox agent frames the output and the exit status), else
+    the runner on a PTY (RunnerExecStream). `timeout_s` None: no timeout. Call
+    `read_events` once without waiting for `fileno()`: events may already be buffered.
     Raises PaymentRequired (402), ApplicationError 'sandbox_not_running',
     CapabilityNotSupported and the provider's errors. Synchronous: call from a thread."""
-    spec = {"argv": list(argv), "cwd": cwd, "env": dict(env or {}), "timeout_s": timeout_s}
-    with metered(caller, feature="exec", operation=operation, scope="exec"):
-        if sandbox.state != SandboxState.RUNNING:
-            raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
-        provider = provider_for(sandbox)
-        require_capability(provider, Capability.PTY)
-        pty = provider.open_pty(  # noqa: S604 - a fixed shell, not user input
-            sandbox.provider_id,
-            cols=200,
-            rows=50,
-            shell="/bin/sh",
-            env={"SANDPIT_RUNNER": EXEC_RUNNER_SOURCE, "SANDPIT_EXEC": json.dumps(spec)},
-        )
-        pty.write(EXEC_LAUNCH)
+    stream: ExecStream | None = None
+    try:
+        with metered(caller, feature="exec", operation=operation, scope="exec"):
+            if sandbox.state != SandboxState.RUNNING:
+                raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
+            provider = provider_for(sandbox)
+            if hasattr(provider, "exec_stream"):
+                require_capability(provider, Capability.EXEC)
+                request = ExecRequest(
+                    command=argv[0],
+                    args=list(argv[1:]),
+                    cwd=cwd,
+                    env=dict(env or {}),
+                    timeout_s=timeout_s or UNTIMED_RUN_S,
+                )
+                stream = provider.exec_stream(sandbox.provider_id, request)
+            else:
+                require_capability(provider, Capability.PTY)
+                stream = RunnerExecStream.open(
+                    provider,
+                    sandbox.provider_id,
+                    argv=argv,
+                    cwd=cwd,
+                    env=dict(env or {}),
+                    timeout_s=timeout_s,
+                )
+    except BaseException:
+        if stream is not None:
+            stream.close()  # started but not counted (the usage record failed): not kept
+        raise
     sandbox_touch_id(sandbox.id)
-    return pty
+    return stream
 
 
 def sandbox_exec_stream_stdin(*, caller: Caller) -> None:

@@ -1,17 +1,18 @@
 """/ws/sandboxes/<id>/exec: run commands or code, stream stdout/stderr, stdin, signals, cancel.
 
-Each run is sandboxes/programs/exec_runner.py on a PTY in the sandboxes (started by
-sandboxes.streaming.sandbox_exec_stream_open); ExecRun turns its frames into JSON messages.
+Each run is an ExecStream (started by sandboxes.streaming.sandbox_exec_stream_open: the
+provider's own exec_stream, or the runner on a PTY); ExecRun turns its events into JSON
+messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import codecs
 import secrets
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -19,9 +20,8 @@ from channels.db import database_sync_to_async
 from playground.errors import ApplicationError, PaymentRequired
 from sandboxes.services import parse_signal
 from sandboxes.streaming import (
-    READY_MARK,
+    ExecStream,
     ProviderError,
-    PtySession,
     exec_stream_argv,
     sandbox_exec_stream_open,
     sandbox_exec_stream_stdin,
@@ -33,72 +33,68 @@ from .outbound import NO_CHANNEL_LAYER, OutboundConsumer
 MAX_RUNS_PER_SOCKET = 8
 
 
-class ExecRun:
-    """One streamed command: the runner on a PTY, its frames turned into JSON messages."""
+class RunOwner(Protocol):
+    """Who hears a run (the exec socket, or the E2B-compatible process service); every
+    method is called on the loop."""
 
-    def __init__(self, consumer: ExecConsumer, run_id: str, pty: PtySession) -> None:
-        self.consumer = consumer
+    def enqueue(self, message: dict[str, Any]) -> None: ...
+
+    def run_finished(self, run: ExecRun) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> object: ...
+
+
+class ExecRun:
+    """One streamed command: its ExecStream's events turned into JSON messages ('started'
+    at once, then 'stdout'/'stderr', last 'exit') handed to the owner."""
+
+    def __init__(self, owner: RunOwner, run_id: str, stream: ExecStream) -> None:
+        self.consumer = owner
         self.id = run_id
-        self.pty = pty
+        self.stream = stream
         self.started = time.monotonic()
-        self._buffer = b""
-        self._ready = False
-        self._early: list[bytes] = []
         self._decoders = {
-            b"O": codecs.getincrementaldecoder("utf-8")("replace"),
-            b"E": codecs.getincrementaldecoder("utf-8")("replace"),
+            "stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+            "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
         }
         self.finished = False
         self._loop = asyncio.get_running_loop()
-        self._fd = pty.fileno()
+        self._fd = stream.fileno()
+        owner.enqueue({"type": "started", "id": run_id, "pid": stream.pid})
         self._loop.add_reader(self._fd, self._on_readable)
+        # The stream may hold events already (a command that ended while it started):
+        # its descriptor would not become readable for those.
+        self._loop.call_soon(self._on_readable)
 
     def _on_readable(self) -> None:
-        try:
-            data = self.pty.read(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._finish(None, reason="ended")
-            return
-        self._buffer += data
-        if not self._ready:
-            mark = self._buffer.find(READY_MARK)
-            if mark < 0:
-                self._buffer = self._buffer[-len(READY_MARK) :]
-                return
-            self._buffer = self._buffer[mark + len(READY_MARK) :]
-            self._ready = True
-            for frame in self._early:
-                self.pty.write(frame)
-            self._early.clear()
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            kind, _, payload = line.strip(b"\r").partition(b" ")
-            try:
-                value = base64.b64decode(payload)
-            except ValueError:
-                continue
-            if kind in self._decoders:
-                text = self._decoders[kind].decode(value)
-                if text:
-                    stream = "stdout" if kind == b"O" else "stderr"
-                    self.consumer.enqueue({"type": stream, "id": self.id, "data": text})
-            elif kind == b"S":
-                self.consumer.enqueue({"type": "started", "id": self.id, "pid": int(value or 0)})
-            elif kind in (b"X", b"T"):
-                self._finish(int(value or -1), reason="timeout" if kind == b"T" else None)
-                return
-
-    def send(self, frame: bytes) -> None:
         if self.finished:
             return
-        if not self._ready:
-            self._early.append(frame)
-        else:
-            self.pty.write(frame)
+        try:
+            events = self.stream.read_events()
+        except BlockingIOError:
+            return
+        for event in events:
+            if event.type == "exit":
+                self._finish(event.exit_code, reason="timeout" if event.timed_out else None)
+                return
+            text = self._decoders[event.type].decode(event.data)
+            if text:
+                self.consumer.enqueue({"type": event.type, "id": self.id, "data": text})
+
+    def write_stdin(self, data: bytes) -> None:
+        """Input for the command; ignored once it has finished. Raises ProviderError when
+        it takes no input for a while."""
+        if not self.finished:
+            self.stream.write_stdin(data)
+
+    def close_stdin(self) -> None:
+        if not self.finished:
+            self.stream.close_stdin()
+
+    def signal(self, number: int) -> None:
+        """Signal the command's process group."""
+        if not self.finished:
+            self.stream.signal(number)
 
     def _finish(self, code: int | None, *, reason: str | None) -> None:
         if self.finished:
@@ -108,10 +104,9 @@ class ExecRun:
             self._loop.remove_reader(self._fd)
         except (ValueError, OSError):
             pass
-        for kind, decoder in self._decoders.items():
+        for stream, decoder in self._decoders.items():
             rest = decoder.decode(b"", final=True)
             if rest:
-                stream = "stdout" if kind == b"O" else "stderr"
                 self.consumer.enqueue({"type": stream, "id": self.id, "data": rest})
         message: dict[str, Any] = {
             "type": "exit",
@@ -123,10 +118,10 @@ class ExecRun:
             message[reason if reason == "cancelled" else "timed_out"] = True
         self.consumer.enqueue(message)
         self.consumer.run_finished(self)
-        self.consumer.spawn(sync_to_async(self.pty.close, thread_sensitive=False)())
+        self.consumer.spawn(sync_to_async(self.stream.close, thread_sensitive=False)())
 
     def cancel(self) -> None:
-        """Kill the process tree (closing the PTY session kills everything in it)."""
+        """Kill the process tree (closing the stream kills everything it started)."""
         self._finish(-9, reason="cancelled")
 
 
@@ -175,22 +170,33 @@ class ExecConsumer(OutboundConsumer):
                 except PaymentRequired as exc:
                     self.error(exc.code, exc.message, id=run.id, status=402)
                     return
-                run.send(b"I " + base64.b64encode(data) + b"\n")
+                if not self._to_run(run, run.write_stdin, data):
+                    return
             if message.get("eof"):
-                run.send(b"C \n")
+                self._to_run(run, run.close_stdin)
         elif kind == "stdin_close":
-            run.send(b"C \n")
+            self._to_run(run, run.close_stdin)
         elif kind == "signal":
             try:
                 number = parse_signal(message.get("signal", "SIGINT"))
             except ApplicationError as exc:
                 self.error(exc.code, exc.message, id=run.id)
                 return
-            run.send(b"K " + str(number).encode() + b"\n")
+            self._to_run(run, run.signal, number)
         elif kind == "cancel":
             run.cancel()
         else:
             self.error("invalid_message", f"Unknown message type '{kind}'.")
+
+    def _to_run(self, run: ExecRun, action: Any, *args: Any) -> bool:
+        """Hand stdin, its end or a signal to a run; a provider error becomes an error
+        message (the run goes on: its exit message still comes)."""
+        try:
+            action(*args)
+        except ProviderError as exc:
+            self.error(exc.code, exc.message, id=run.id, status=exc.http_status)
+            return False
+        return True
 
     async def _start(self, message: dict[str, Any]) -> None:
         run_id = str(message.get("id") or f"r{secrets.token_hex(4)}")
@@ -215,7 +221,7 @@ class ExecConsumer(OutboundConsumer):
             self.error(code, getattr(exc, "message", str(exc)), id=run_id)
             return
         try:
-            pty = await database_sync_to_async(sandbox_exec_stream_open)(
+            stream = await database_sync_to_async(sandbox_exec_stream_open)(
                 caller=self.caller,
                 sandbox=self.sandbox,
                 argv=argv,
@@ -228,7 +234,7 @@ class ExecConsumer(OutboundConsumer):
             status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
             self.error(exc.code, exc.message, id=run_id, status=status)
             return
-        self.runs[run_id] = ExecRun(self, run_id, pty)
+        self.runs[run_id] = ExecRun(self, run_id, stream)
 
     async def disconnect(self, code: int) -> None:
         for run in list(getattr(self, "runs", {}).values()):

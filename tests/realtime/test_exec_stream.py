@@ -62,3 +62,63 @@ def test_cancel_kills_a_long_command(server, key_a, sbx_a):  # type: ignore[no-u
         ws.send(json.dumps({"type": "run", "id": "t", "command": "sleep 5", "timeout_s": 0.5}))
         timed = recv_json(ws, "exit")
         assert timed["id"] == "t" and timed.get("timed_out") is True
+
+
+def _run_all(server, key: str, sandbox_id: str, runs: list[tuple[str, str, str, int]]) -> list[str]:  # type: ignore[no-untyped-def]
+    """Run `runs` (id, command, expected stdout, expected code) on one socket, up to the
+    socket's limit of concurrent runs at a time; the mismatches, as text."""
+    from sandboxes.realtime.exec import MAX_RUNS_PER_SOCKET
+
+    expected = {run_id: (command, out, code) for run_id, command, out, code in runs}
+    waiting = list(runs)
+    results: dict[str, dict] = {}
+    in_flight = 0
+    with server.ws(f"/ws/sandboxes/{sandbox_id}/exec", key=key) as ws:
+        while waiting or in_flight:
+            while waiting and in_flight < MAX_RUNS_PER_SOCKET:
+                run_id, command, _, _ = waiting.pop(0)
+                ws.send(json.dumps({"type": "run", "id": run_id, "command": command}))
+                # What a client that has no input says at once (the e2b layer does): it
+                # reaches the run while or after the command ends.
+                ws.send(json.dumps({"type": "stdin_close", "id": run_id}))
+                results[run_id] = {"stdout": "", "exit": None}
+                in_flight += 1
+            message = json.loads(ws.recv(timeout=30))
+            if message["type"] == "error" and message.get("code") != "run_not_found":
+                raise AssertionError(message)
+            result = results.get(message.get("id", ""))
+            if result is None:
+                continue
+            if message["type"] == "stdout":
+                result["stdout"] += message["data"]
+            elif message["type"] == "exit":
+                result["exit"] = message
+                in_flight -= 1
+    wrong = []
+    for run_id, (command, out, code) in expected.items():
+        got = results[run_id]
+        if got["exit"]["code"] != code or got["stdout"] != out:
+            wrong.append(f"{command!r}: code {got['exit']['code']}, stdout {got['stdout']!r}")
+    return wrong
+
+
+def test_fast_commands_all_report_their_exit_code_and_output(server, key_a, sbx_a):  # type: ignore[no-untyped-def]
+    """A command that ends at once must not end its stream before its exit status (nor its
+    output): 100 of them back to back on one socket, then 8 sockets of 25 at once."""
+    import concurrent.futures
+
+    def batch(prefix: str, n: int) -> list[tuple[str, str, str, int]]:
+        runs = []
+        for i in range(n):
+            if i % 3 == 0:
+                runs.append((f"{prefix}{i}", "true", "", 0))
+            elif i % 3 == 1:
+                runs.append((f"{prefix}{i}", f"echo x{i}", f"x{i}\n", 0))
+            else:
+                runs.append((f"{prefix}{i}", f"echo y{i}; exit {i % 7 + 1}", f"y{i}\n", i % 7 + 1))
+        return runs
+
+    assert _run_all(server, key_a, sbx_a, batch("a", 100)) == []
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        wrongs = list(pool.map(lambda p: _run_all(server, key_a, sbx_a, batch(p, 25)), "bcdefghi"))
+    assert wrongs == [[]] * 8
