@@ -17,9 +17,8 @@ from rest_framework import serializers
 
 def _nested(field: serializers.Field) -> serializers.Serializer | None:
     """The serializer of an object-valued field (`resources`), or of a list of objects."""
-    if isinstance(field, serializers.ListSerializer):
-        field = field.child
-    return field if isinstance(field, serializers.Serializer) else None
+    inner = field.child if isinstance(field, serializers.ListSerializer) else field
+    return inner if isinstance(inner, serializers.Serializer) else None
 
 
 def _is_subsequence(short: str, long: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
@@ -21,7 +22,7 @@ PATH_PARAMETERS: dict[str, tuple[type, str]] = {
 
 
 class SandpitAutoSchema(AutoSchema):
-    def get_override_parameters(self):  # type: ignore[no-untyped-def]
+    def get_override_parameters(self) -> list[Any]:
         # drf-spectacular's hook for parameters; @extend_schema's own come after these.
         described = [
             OpenApiParameter(
