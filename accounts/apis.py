@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -12,7 +15,7 @@ from playground.errors import Forbidden
 from playground.inputs import InputSerializer
 
 from . import services
-from .models import ApiKey, Invitation, Membership, Role
+from .models import ApiKey, Invitation, Membership, Organization, Role
 from .permissions import HasOrganization, IsOrganizationManager, principal_of
 from .selectors import api_keys_for_org, invitation_get_for_org
 
@@ -90,22 +93,52 @@ class MembershipOutput(serializers.ModelSerializer):
         fields = ["id", "email", "role", "created_at"]
 
 
+def _organization_data(org: Organization) -> dict[str, object]:
+    return {
+        "id": org.pk,
+        "name": org.name,
+        "slug": org.slug,
+        "plan": org.plan,
+        "allow_network": org.allow_network,
+    }
+
+
 class OrganizationApi(APIView):
-    """The caller's organization."""
+    """The caller's organization: anyone in it reads, an owner changes settings."""
 
-    permission_classes = [HasOrganization]
-
-    def get(self, request):  # type: ignore[no-untyped-def]
-        org = principal_of(request).organization
-        return Response(
-            {
-                "id": org.pk,
-                "name": org.name,
-                "slug": org.slug,
-                "plan": org.plan,
-                "allow_network": org.allow_network,
-            }
+    class OrganizationUpdateInput(InputSerializer):
+        allow_network = serializers.BooleanField(
+            help_text="Whether new sandboxes may ask for outbound network "
+            '(POST /sandboxes {"network": true}). Off by default; owners only.'
         )
+
+        def to_internal_value(self, data: Any) -> Any:
+            # JSON true/false only: DRF's BooleanField would take "yes" or 1 as consent.
+            value = data.get("allow_network") if isinstance(data, dict) else None
+            if value is not None and not isinstance(value, bool):
+                raise serializers.ValidationError({"allow_network": ["Must be true or false."]})
+            return super().to_internal_value(data)
+
+    def get_permissions(self):  # type: ignore[no-untyped-def]
+        if self.request.method == "PATCH":
+            return [IsOrganizationManager()]
+        return [HasOrganization()]
+
+    def get(self, request: Request) -> Response:
+        return Response(_organization_data(principal_of(request).organization))
+
+    @extend_schema(request=OrganizationUpdateInput)
+    def patch(self, request: Request) -> Response:
+        data = self.OrganizationUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        principal = principal_of(request)
+        assert principal.user is not None  # IsOrganizationManager: a signed-in person
+        organization = services.organization_network_set(
+            actor=principal.user,
+            organization=principal.organization,
+            allow_network=data.validated_data["allow_network"],
+        )
+        return Response(_organization_data(organization))
 
 
 class MemberListApi(APIView):

@@ -152,6 +152,22 @@ def membership_require_manager(*, user: User, organization: Organization) -> Mem
     return membership
 
 
+def organization_network_set(
+    *, actor: User, organization: Organization, allow_network: bool
+) -> Organization:
+    """Allow or forbid outbound network for the organization's new sandboxes (running ones
+    keep what they were created with). Owners only: network lets sandbox code reach the
+    internet on the organization's behalf. Raises Forbidden 'role_required'."""
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None or membership.role != Role.OWNER:
+        raise Forbidden(
+            "Only organization owners can change the network setting.", code="role_required"
+        )
+    Organization.objects.filter(pk=organization.pk).update(allow_network=allow_network)
+    organization.allow_network = allow_network
+    return organization
+
+
 def membership_change_role(*, actor: User, membership: Membership, role: str) -> Membership:
     """Change a member's role; only owners may grant or take away ownership.
 

@@ -190,12 +190,22 @@ def sandbox_create(
     provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
     if network and not organization.allow_network:
         raise Forbidden(
-            "This organization is not allowed to give sandboxes network access.",
+            "This organization does not allow outbound network for its sandboxes (off by "
+            "default). An owner can allow it on the Team page or with PATCH "
+            '/api/v1/organization {"allow_network": true}; or create the sandbox without '
+            '"network": true.',
             code="network_not_allowed",
         )
     runtime = organization.docker_runtime if provider.name == "docker" else ""
     if organization.docker_runtime == "runsc" and provider.name != "docker":
         raise Forbidden(
+    if network and Capability.NETWORK not in provider.capabilities:
+        raise CapabilityNotSupported(
+            f"The '{provider.name}' provider cannot give sandboxes outbound network on this "
+            "installation (for local: slirp4netns, nsenter and nft on the host). Choose a "
+            "provider listing the 'network' capability in GET /api/v1/providers, or create "
+            'the sandbox without "network": true.'
+        )
             "This organization requires gVisor isolation: use the docker provider.",
             code="gvisor_required",
         )

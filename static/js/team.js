@@ -216,4 +216,18 @@ if (canManage) {
 
   Promise.all([loadInvitations(), loadKeys()]).catch((err) => showError($("key-result"), err));
 }
+const networkToggle = $("network-toggle");
+if (networkToggle) {
+  networkToggle.addEventListener("change", async () => {
+    const wanted = networkToggle.checked;
+    try {
+      const org = await api("organization", { method: "PATCH", body: { allow_network: wanted } });
+      networkToggle.checked = org.allow_network;
+      toast(org.allow_network ? "Outbound network allowed for new sandboxes." : "Outbound network turned off for new sandboxes.");
+    } catch (err) {
+      networkToggle.checked = !wanted;
+      showError($("network-result"), err);
+    }
+  });
+}
 loadMembers();

@@ -10,8 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings
+from rest_framework.test import APIClient
 
+from accounts.models import Membership, Role
 from sandboxes.models import Sandbox
+from sandboxes.providers.base import Capability
 from tests.cloud.conftest import e2b_provider, fake_e2b_cloud  # noqa: F401, F811 - fixtures
 from tests.conftest import assert_error
 
@@ -266,3 +269,71 @@ def test_cloud_timeout_is_idle_and_the_provider_timer_is_the_lifetime(  # type: 
     assert reap_sandboxes(now=idle, sweep_leftovers=False).reaped_idle == [sandbox.id]
     sandbox.refresh_from_db()
     assert (sandbox.state, sandbox.destroy_reason) == ("destroyed", "idle")
+
+
+# --- network permission -------------------------------------------------------------------
+
+
+def _session(user) -> APIClient:  # type: ignore[no-untyped-def]
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def test_owner_allows_network_and_a_networked_create_passes_the_policy(
+    api_a, alice, org_a, local_sandboxes, monkeypatch
+):
+    refused = assert_error(
+        api_a.post("/api/v1/sandboxes", {"network": True}, format="json"),
+        403,
+        "network_not_allowed",
+    )
+    assert "Team page" in refused["message"] and "allow_network" in refused["message"]
+
+    owner = _session(alice)
+    changed = owner.patch("/api/v1/organization", {"allow_network": True}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["allow_network"] is True
+    org_a.refresh_from_db()
+    assert org_a.allow_network is True
+    assert api_a.get("/api/v1/organization").json()["allow_network"] is True
+
+    # Allowed by the organization, but a provider without the capability says so.
+    monkeypatch.setattr(
+        local_sandboxes, "capabilities", frozenset(Capability) - {Capability.NETWORK}
+    )
+    lacking = assert_error(
+        api_a.post("/api/v1/sandboxes", {"network": True}, format="json"), 501, "not_supported"
+    )
+    assert "GET /api/v1/providers" in lacking["message"]
+
+    assert owner.patch("/api/v1/organization", {"allow_network": False}, format="json").json() == {
+        **changed.json(),
+        "allow_network": False,
+    }
+
+
+def test_only_owners_change_the_network_setting(api_a, anon_api, alice, bob, org_a, charlie, org_b):
+    Membership.objects.filter(user=bob, organization=org_a).update(role=Role.ADMIN)
+    body = {"allow_network": True}
+    assert_error(
+        _session(bob).patch("/api/v1/organization", body, format="json"), 403, "role_required"
+    )
+    assert_error(api_a.patch("/api/v1/organization", body, format="json"), 403)
+    assert_error(anon_api.patch("/api/v1/organization", body, format="json"), 401)
+    # Charlie owns another organization: his change lands there, never on org A.
+    assert _session(charlie).patch("/api/v1/organization", body, format="json").status_code == 200
+    org_a.refresh_from_db()
+    org_b.refresh_from_db()
+    assert (org_a.allow_network, org_b.allow_network) == (False, True)
+    for bad in ({"allow_network": "yes"}, {"allow_network": 1}, {}):
+        assert_error(_session(alice).patch("/api/v1/organization", bad, format="json"), 400)
+
+
+def test_team_page_offers_owners_the_network_switch(client, alice, bob, org_a):  # type: ignore[no-untyped-def]
+    client.force_login(alice)
+    page = client.get("/team/").content.decode()
+    assert 'id="network-toggle"' in page
+    client.force_login(bob)
+    page = client.get("/team/").content.decode()
+    assert 'id="network-toggle"' not in page and "Ask an owner" in page

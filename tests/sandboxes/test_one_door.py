@@ -78,6 +78,7 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("sandboxes/<id>/ports/<port>/", "GET"): 1,
     # not sandbox operations
     ("api/v1/organization", "GET"): NOT_SANDBOX,
+    ("api/v1/organization", "PATCH"): NOT_SANDBOX,
     ("api/v1/members", "GET"): NOT_SANDBOX,
     ("api/v1/members/<int:member_id>", "PATCH"): NOT_SANDBOX,
     ("api/v1/members/<int:member_id>", "DELETE"): NOT_SANDBOX,
