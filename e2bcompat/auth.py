@@ -52,10 +52,14 @@ def principal_from_headers(headers: Mapping[str, str]) -> Principal:
     raise E2BAuthFailed("Pass a Sandpit API key in X-API-Key (E2B_API_KEY).")
 
 
-def envd_sandbox(headers: Mapping[str, str]) -> tuple[Principal, Sandbox]:
-    """Caller and sandbox of an envd request. Raises E2BAuthFailed, NotFound (404: no
-    E2b-Sandbox-Id, a miss, another organization's sandbox, another sandbox's token)."""
-    principal = principal_from_headers(headers)
+def envd_sandbox(
+    headers: Mapping[str, str], *, principal: Principal | None = None
+) -> tuple[Principal, Sandbox]:
+    """Caller and sandbox of an envd request (`principal`: the caller already resolved from
+    these headers). Raises E2BAuthFailed, NotFound (404: no E2b-Sandbox-Id, a miss, another
+    organization's sandbox, another sandbox's token)."""
+    if principal is None:
+        principal = principal_from_headers(headers)
     sandbox_id = headers.get(SANDBOX_ID_HEADER, "")
     return principal, sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
 

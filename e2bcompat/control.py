@@ -18,8 +18,10 @@ from rest_framework.views import APIView
 
 from playground.errors import ApplicationError, api_exception_handler
 from sandboxes import services
-from sandboxes.apis import RawBytesParser
-from sandboxes.caller import Caller
+from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
+from sandboxes.apis import _fingerprint as request_fingerprint
+from sandboxes.apis import _stored as stored_response
+from sandboxes.caller import Caller, StoredResponse, request_begin, request_finish
 from sandboxes.models import SandboxState
 from sandboxes.providers.base import FileNotFound
 from sandboxes.selectors import sandbox_get_for_principal, sandboxes_for_org
@@ -93,23 +95,47 @@ def _string_map(value: Any, name: str) -> dict[str, str]:
 class SandboxesApi(E2BApi):
     """POST /v2/sandboxes (and /sandboxes): create. GET /v2/sandboxes (and /sandboxes): list."""
 
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
+        """Create; once per Idempotency-Key, as Sandpit's own create (a retry of one that
+        finished gets its stored answer, Idempotent-Replayed: true, and creates nothing)."""
         body = request.data if isinstance(request.data, dict) else {}
         provider_name, template = translate.template_resolve(str(body.get("templateID") or ""))
-        caller = self.caller(request)
-        sandbox = services.sandbox_create(
-            principal=request.auth,
-            provider_name=provider_name,
-            timeout_s=_timeout_s(body.get("timeout")),
-            network=body.get("allow_internet_access") is True,
-            env=_string_map(body.get("envVars"), "envVars"),
-            metadata=_string_map(body.get("metadata"), "metadata"),
-            caller=caller,
+        principal = request.auth
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
+            raise ApplicationError(
+                f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
+                code="validation_error",
+            )
+        begun = request_begin(
+            principal, key=key, fingerprint=request_fingerprint(request) if key is not None else ""
         )
-        token = _access_token(caller, sandbox)
-        return Response(
-            translate.sandbox_created(sandbox, access_token=token), status=status.HTTP_201_CREATED
-        )
+        if isinstance(begun, StoredResponse):
+            replay = HttpResponse(
+                begun.body, status=begun.status_code, content_type=begun.content_type
+            )
+            replay["Idempotent-Replayed"] = "true"
+            return replay
+        try:
+            sandbox = services.sandbox_create(
+                principal=principal,
+                provider_name=provider_name,
+                timeout_s=_timeout_s(body.get("timeout")),
+                network=body.get("allow_internet_access") is True,
+                env=_string_map(body.get("envVars"), "envVars"),
+                metadata=_string_map(body.get("metadata"), "metadata"),
+                caller=begun,
+            )
+            token = _access_token(begun, sandbox)
+            response = Response(
+                translate.sandbox_created(sandbox, access_token=token),
+                status=status.HTTP_201_CREATED,
+            )
+        except BaseException:
+            request_finish(principal, key=key, response=None)
+            raise
+        request_finish(principal, key=key, response=stored_response(response))
+        return response
 
     def get(self, request: Request) -> Response:
         states = {s for s in request.query_params.get("state", "").split(",") if s}

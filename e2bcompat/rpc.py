@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -10,12 +11,14 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
+from accounts.authentication import Principal
+from accounts.throttling import PerKeyRateThrottle
 from playground.errors import ApplicationError
 from sandboxes.caller import Caller
 from sandboxes.models import Sandbox
 from sandboxes.providers.base import FileConflict, ProviderError
 
-from .auth import E2BAuthFailed, envd_sandbox
+from .auth import E2BAuthFailed, envd_sandbox, principal_from_headers
 
 T = TypeVar("T")
 
@@ -52,12 +55,42 @@ def connect_error(exc: Exception) -> ConnectError:
     return ConnectError(_STATUS_CODES.get(status, Code.UNAVAILABLE), message)
 
 
+class _RpcRequest:
+    """What PerKeyRateThrottle reads of a request: who made it (a Principal here, so it
+    never falls back to the client address)."""
+
+    def __init__(self, principal: Principal) -> None:
+        self.auth = principal
+        self.META: dict[str, str] = {}
+
+
+def rate_limit_wait(principal: Principal) -> float | None:
+    """Count one request in the caller's bucket, the one Sandpit's REST API (and E2B's
+    control plane) counts in; None when allowed, else the seconds to wait."""
+    throttle = PerKeyRateThrottle()
+    if throttle.allow_request(_RpcRequest(principal), None):
+        return None
+    return float(throttle.wait() or 0)
+
+
+def _envd_request(headers: dict[str, str]) -> tuple[Principal, Sandbox]:
+    principal = principal_from_headers(headers)
+    wait_s = rate_limit_wait(principal)
+    if wait_s is not None:
+        raise ConnectError(
+            Code.RESOURCE_EXHAUSTED,
+            f"Request was throttled. Expected available in {math.ceil(wait_s)} seconds.",
+        )
+    return envd_sandbox(headers, principal=principal)
+
+
 async def envd_caller(ctx: RequestContext[Any, Any]) -> tuple[Caller, Sandbox]:
-    """The Caller and sandbox of an RPC, through the same tenancy selector as Sandpit's own
-    API (another organization's sandbox: NOT_FOUND)."""
+    """The Caller and sandbox of an RPC: the same per-key rate limit (RESOURCE_EXHAUSTED,
+    which the SDK raises as RateLimitException) and tenancy selector as Sandpit's own API
+    (another organization's sandbox: NOT_FOUND)."""
     headers = {k.lower(): v for k, v in ctx.request_headers.items()}
     try:
-        principal, sandbox = await database_sync_to_async(envd_sandbox)(headers)
+        principal, sandbox = await database_sync_to_async(_envd_request)(headers)
     except E2BAuthFailed as exc:
         raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from None
     except ApplicationError as exc:
