@@ -2,9 +2,9 @@
 
 Every provider that runs the agent ships this same file: the local provider copies it
 where every jail uid can read it and bind-mounts it read-only; the Docker image carries
-it at ``IMAGE_PATH``, whose name holds the bundle's content hash, so a provider never
-drives an agent other than its own (an image built from other sources lacks the file
-and fails with a rebuild hint). Byte-for-byte reproducible: fixed timestamps, sorted
+it unpacked and compiled by its own Python at ``image_path()``, whose name holds the
+bundle's content hash, so a provider never drives an agent other than its own (an image
+built from other sources lacks the file and fails with a rebuild hint). Byte-for-byte reproducible: fixed timestamps, sorted
 entries, no compression (zipimport then needs no zlib and reads the sources as is).
 
 Standard library only, so scripts/build-sandbox-image.sh can run it as a script:
@@ -25,7 +25,13 @@ from pathlib import Path
 AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
 PACKAGE = "sandpit_agent"
 """The agent package's name inside the bundle (its modules import each other relatively)."""
-_MAIN = f"from {PACKAGE}.server import main\n\nmain()\n"
+_MAIN = (
+    # Run as a script from the unpacked bundle (the image), `-I` leaves the script's
+    # directory off sys.path; run as a zip file, the zip is on it already.
+    "import sys\n\n"
+    "sys.path.insert(0, __file__.rpartition('/')[0])\n"
+    f"from {PACKAGE}.server import main\n\nmain()\n"
+)
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -54,8 +60,11 @@ IMAGE_DIR = "/opt/sandpit"
 
 
 def image_path() -> str:
-    """Where the sandbox image carries this exact agent."""
-    return f"{IMAGE_DIR}/{file_name()}"
+    """The script that starts this exact agent in the sandbox image: the bundle unpacked,
+    its modules compiled (Python never caches what it compiles from a zip file, and
+    compiling the agent was about half of its start-up, so of every docker sandbox's
+    create); run as a script, not as a directory, which would import runpy."""
+    return f"{IMAGE_DIR}/{file_name().removesuffix('.pyz')}/__main__.py"
 
 
 def install(target: Path) -> None:
