@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .conftest import recv_json
+from .conftest import create_sandbox, recv_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,7 +102,24 @@ def _run_all(server, key: str, sandbox_id: str, runs: list[tuple[str, str, str, 
     return wrong
 
 
-def test_fast_commands_all_report_their_exit_code_and_output(server, key_a, sbx_a):  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def any_sbx(request, server, rt_api_a):  # type: ignore[no-untyped-def]
+    """A sandbox on each provider (docker where an engine runs)."""
+    if request.param == "docker":
+        from django.conf import settings
+
+        from tests.docker_support import docker_provider_or_skip
+        from tests.requirements import missing_part
+
+        if "docker" not in settings.SANDPIT_PROVIDERS:
+            missing_part("SANDPIT_PROVIDERS does not enable docker")
+        docker_provider_or_skip()
+    sandbox_id = create_sandbox(rt_api_a, provider=request.param)
+    yield sandbox_id
+    rt_api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
+
+
+def test_fast_commands_all_report_their_exit_code_and_output(server, key_a, any_sbx):  # type: ignore[no-untyped-def]
     """A command that ends at once must not end its stream before its exit status (nor its
     output): 100 of them back to back on one socket, then 8 sockets of 25 at once."""
     import concurrent.futures
@@ -118,7 +135,9 @@ def test_fast_commands_all_report_their_exit_code_and_output(server, key_a, sbx_
                 runs.append((f"{prefix}{i}", f"echo y{i}; exit {i % 7 + 1}", f"y{i}\n", i % 7 + 1))
         return runs
 
-    assert _run_all(server, key_a, sbx_a, batch("a", 100)) == []
+    assert _run_all(server, key_a, any_sbx, batch("a", 100)) == []
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        wrongs = list(pool.map(lambda p: _run_all(server, key_a, sbx_a, batch(p, 25)), "bcdefghi"))
+        wrongs = list(
+            pool.map(lambda p: _run_all(server, key_a, any_sbx, batch(p, 25)), "bcdefghi")
+        )
     assert wrongs == [[]] * 8
