@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import principal_of
 from playground.errors import ApplicationError, api_exception_handler
 from sandboxes import services
 from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
@@ -100,7 +101,7 @@ class SandboxesApi(E2BApi):
         finished gets its stored answer, Idempotent-Replayed: true, and creates nothing)."""
         body = request.data if isinstance(request.data, dict) else {}
         provider_name, template = translate.template_resolve(str(body.get("templateID") or ""))
-        principal = request.auth
+        principal = principal_of(request)
         key = request.headers.get("Idempotency-Key")
         if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
             raise ApplicationError(
