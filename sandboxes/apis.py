@@ -31,7 +31,9 @@ from .models import Sandbox
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
 
 MAX_IDEMPOTENCY_KEY = 255
-PATH_PARAM = OpenApiParameter("path", str, description="Relative to the workspace")
+PATH_PARAM = OpenApiParameter(
+    "path", str, description="Relative to /workspace, or absolute under /workspace or /tmp"
+)
 # `format` is DRF's renderer override (?format=json), accepted by every endpoint.
 LIST_QUERY_PARAMETERS = frozenset({"state", "all", "limit", "offset", "format"})
 
@@ -270,6 +272,18 @@ class SandboxCommandApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
+            if data["background"]:
+                info = services.sandbox_exec_background(
+                    caller=caller,
+                    sandbox=sandbox,
+                    command=data["command"],
+                    args=data.get("args"),
+                    cwd=data.get("cwd"),
+                    env=data.get("env"),
+                )
+                return Response(
+                    {**s.process_data(info), "background": True}, status=status.HTTP_202_ACCEPTED
+                )
             stdin = data.get("stdin")
             result = services.sandbox_exec(
                 caller=caller,
@@ -284,18 +298,6 @@ class SandboxCommandApi(SandboxApi):
             return Response(s.exec_result_data(result, data["encoding"]))
 
         return self.operate(request, run)
-            if data["background"]:
-                info = services.sandbox_exec_background(
-                    caller=caller,
-                    sandbox=sandbox,
-                    command=data["command"],
-                    args=data.get("args"),
-                    cwd=data.get("cwd"),
-                    env=data.get("env"),
-                )
-                return Response(
-                    {**s.process_data(info), "background": True}, status=status.HTTP_202_ACCEPTED
-                )
 
 
 class SandboxCodeApi(SandboxApi):
@@ -538,24 +540,6 @@ class ProcessSignalApi(SandboxApi):
         return self.operate(request, run)
 
 
-# --- tokens, one-shot runs, providers -----------------------------------------------------------
-
-
-class SandboxTokenApi(SandboxApi):
-    @extend_schema(request=s.TokenInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
-        data = _validated(s.TokenInput, request.data)
-        sandbox = self.sandbox(request, sandbox_id)
-        principal = principal_of(request)
-        _no_tokens(principal)
-
-        def run(caller: Caller) -> Response:
-            token, expires_at = services.sandbox_token_mint(
-                caller=caller, sandbox=sandbox, scopes=data["scopes"], ttl_s=data["ttl_s"]
-            )
-            return Response(
-                {
-                    "token": token,
 class ProcessOutputApi(SandboxApi):
     """The output a background command (POST .../commands with background true) wrote."""
 
@@ -594,6 +578,24 @@ class ProcessOutputApi(SandboxApi):
         return self.operate(request, run)
 
 
+# --- tokens, one-shot runs, providers -----------------------------------------------------------
+
+
+class SandboxTokenApi(SandboxApi):
+    @extend_schema(request=s.TokenInput)
+    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+        data = _validated(s.TokenInput, request.data)
+        sandbox = self.sandbox(request, sandbox_id)
+        principal = principal_of(request)
+        _no_tokens(principal)
+
+        def run(caller: Caller) -> Response:
+            token, expires_at = services.sandbox_token_mint(
+                caller=caller, sandbox=sandbox, scopes=data["scopes"], ttl_s=data["ttl_s"]
+            )
+            return Response(
+                {
+                    "token": token,
                     "scopes": sorted(set(data["scopes"])),
                     "expires_at": expires_at.isoformat(),
                 },

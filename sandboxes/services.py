@@ -196,9 +196,6 @@ def sandbox_create(
             '"network": true.',
             code="network_not_allowed",
         )
-    runtime = organization.docker_runtime if provider.name == "docker" else ""
-    if organization.docker_runtime == "runsc" and provider.name != "docker":
-        raise Forbidden(
     if network and Capability.NETWORK not in provider.capabilities:
         raise CapabilityNotSupported(
             f"The '{provider.name}' provider cannot give sandboxes outbound network on this "
@@ -206,6 +203,9 @@ def sandbox_create(
             "provider listing the 'network' capability in GET /api/v1/providers, or create "
             'the sandbox without "network": true.'
         )
+    runtime = organization.docker_runtime if provider.name == "docker" else ""
+    if organization.docker_runtime == "runsc" and provider.name != "docker":
+        raise Forbidden(
             "This organization requires gVisor isolation: use the docker provider.",
             code="gvisor_required",
         )
@@ -642,6 +642,8 @@ def sandbox_background_output(
     limit = settings.SANDPIT_MAX_OUTPUT_BYTES
     with metered(caller, feature="processes", operation="process.output", scope="exec"):
         provider = _processes(sandbox)
+        # State first, output second: an answer saying it has exited then holds all it wrote.
+        processes = _call(sandbox, provider.list_processes, sandbox.provider_id)
         request = ExecRequest(
             command="/bin/sh",
             args=[
@@ -657,12 +659,15 @@ def sandbox_background_output(
             max_output_bytes=limit,
         )
         result = _call(sandbox, provider.exec, sandbox.provider_id, request)
-        if result.exit_code == 3:
+        found = next((p for p in processes if p.pid == pid), None)
+        ours = found is not None and found.command.startswith(_LOG_PREFIX)
+        if result.exit_code == 3 and not ours:
             raise ProcessNotFound(f"No background command with pid {pid} kept its output.")
-        processes = _call(sandbox, provider.list_processes, sandbox.provider_id)
-    found = next((p for p in processes if p.pid == pid), None)
     if found is not None:
         found = replace(found, command=_shown_command(found.command))
+    if result.exit_code == 3:
+        # Just started: its shell has not opened the log yet, so nothing was written.
+        return BackgroundOutput(stdout=b"", stderr=b"", process=found)
     return BackgroundOutput(stdout=result.stdout, stderr=result.stderr, process=found)
 
 

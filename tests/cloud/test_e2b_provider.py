@@ -150,7 +150,8 @@ def test_non_recursive_remove_of_non_empty_dir_conflicts(e2b_provider, sandbox):
 def test_set_timeout_reaches_the_sdk(e2b_provider, sandbox, fake_e2b_cloud):  # type: ignore[no-untyped-def]
     # Created with the spec's lifetime (a day); set_timeout moves E2B's kill timer.
     e2b_provider.set_timeout(sandbox, 3600)
-    assert fake_e2b_cloud.sandboxes[sandbox].end_at > before
+    left = fake_e2b_cloud.sandboxes[sandbox].end_at - datetime.now(UTC)
+    assert 3500 < left.total_seconds() <= 3600
 
 
 def test_pty_honours_another_shell(e2b_provider, sandbox):  # type: ignore[no-untyped-def]

@@ -337,3 +337,87 @@ def test_team_page_offers_owners_the_network_switch(client, alice, bob, org_a): 
     client.force_login(bob)
     page = client.get("/team/").content.decode()
     assert 'id="network-toggle"' not in page and "Ask an owner" in page
+
+
+# --- paths: /workspace and /tmp ---------------------------------------------------------------
+
+
+def _put(api, sandbox: dict, path: str, data: bytes):  # type: ignore[no-untyped-def]
+    return api.put(
+        url(sandbox, f"/files/content?path={path}"), data, content_type="application/octet-stream"
+    )
+
+
+def _run(api, sandbox: dict, command: str) -> dict:  # type: ignore[no-untyped-def]
+    response = api.post(url(sandbox, "/commands"), {"command": command}, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_files_in_tmp_work_through_the_file_api(api_a, sandbox_a):
+    written = _put(api_a, sandbox_a, "/tmp/hello.py", b"print('hi from tmp')")
+    assert written.status_code == 201, written.content
+    assert written.json()["path"] == "/tmp/hello.py"
+    assert _run(api_a, sandbox_a, "python3 /tmp/hello.py")["stdout"] == "hi from tmp\n"
+    _run(api_a, sandbox_a, "echo made-inside > /tmp/inside.txt")
+    read = api_a.get(url(sandbox_a, "/files/content"), {"path": "/tmp/inside.txt"})
+    assert read.content == b"made-inside\n"
+    listed = api_a.get(url(sandbox_a, "/files"), {"path": "/tmp"}).json()["entries"]
+    assert {"/tmp/hello.py", "/tmp/inside.txt"} <= {e["path"] for e in listed}
+    assert api_a.get(url(sandbox_a, "/files/stat"), {"path": "/tmp"}).json()["type"] == "dir"
+    moved = api_a.post(
+        url(sandbox_a, "/files/move"), {"from": "/tmp/hello.py", "to": "back.py"}, format="json"
+    )
+    assert moved.status_code == 200, moved.content
+    assert moved.json()["path"] == "back.py"
+    assert api_a.get(url(sandbox_a, "/files/exists"), {"path": "/tmp/hello.py"}).json() == {
+        "exists": False
+    }
+    assert api_a.delete(url(sandbox_a, "/files?path=/tmp/inside.txt")).status_code == 204
+    assert_error(api_a.delete(url(sandbox_a, "/files?path=/tmp")), 400, "path_not_allowed")
+
+
+def test_links_resolve_as_the_jail_sees_them(api_a, sandbox_a, tmp_path_factory):
+    # A host file at the same /tmp path the link names: the link must reach the sandbox's
+    # /tmp, never the host's.
+    host_dir = tmp_path_factory.getbasetemp()
+    host_file = host_dir / "host-secret.txt"
+    host_file.write_text("host secret")
+    _run(
+        api_a,
+        sandbox_a,
+        f"echo sandbox-tmp > /tmp/t.txt; ln -s /tmp/t.txt abs; ln -s ../tmp/t.txt rel; "
+        f"ln -s {host_file} host; ln -s /etc/passwd etc; ln -s /workspace/abs /tmp/back",
+    )
+    for link in ("abs", "rel", "/tmp/back"):
+        read = api_a.get(url(sandbox_a, "/files/content"), {"path": link})
+        assert read.content == b"sandbox-tmp\n", link
+    # Writing through a link lands in the sandbox's /tmp.
+    assert _put(api_a, sandbox_a, "rel", b"via link").status_code == 201
+    assert _run(api_a, sandbox_a, "cat /tmp/t.txt")["stdout"] == "via link"
+    # The host path a link names is looked up in the sandbox's own /tmp only.
+    if str(host_file).startswith("/tmp/"):
+        assert_error(
+            api_a.get(url(sandbox_a, "/files/content"), {"path": "host"}), 404, "file_not_found"
+        )
+    else:
+        assert_error(
+            api_a.get(url(sandbox_a, "/files/content"), {"path": "host"}), 400, "path_not_allowed"
+        )
+    assert host_file.read_text() == "host secret"
+    for path in ("etc", "/etc/passwd", "/tmp/../etc/passwd", "/", "..", "../..", "/proc/1/root"):
+        assert_error(
+            api_a.get(url(sandbox_a, "/files/content"), {"path": path}), 400, "path_not_allowed"
+        )
+
+
+def test_a_link_to_the_root_reaches_tmp_but_nothing_else(api_a, sandbox_a):
+    _run(api_a, sandbox_a, "echo in-tmp > /tmp/x.txt; ln -s / top")
+    assert api_a.get(url(sandbox_a, "/files/content"), {"path": "top/tmp/x.txt"}).content == (
+        b"in-tmp\n"
+    )
+    assert_error(
+        api_a.get(url(sandbox_a, "/files/content"), {"path": "top/etc/passwd"}),
+        400,
+        "path_not_allowed",
+    )

@@ -1,13 +1,16 @@
-"""Host-side file operations on a sandbox workspace, safe against the sandbox's own tricks.
+"""Host-side file operations on a sandbox's writable directories, safe against the
+sandbox's own tricks.
 
-The workspace is a host directory the sandboxed code controls completely, so
-every path is walked one component at a time with ``O_NOFOLLOW`` directory
-file descriptors (openat style). Symlinks are resolved by hand against the
-workspace as the jail sees it (``/workspace``): a link that leads outside, an
-absolute link to anything but ``/workspace``, ``..`` above the root, NUL bytes
-or over-long paths raise PathNotAllowed. The final operation always uses the
-parent's descriptor and ``O_NOFOLLOW``, so a link swapped in between is refused
-rather than followed.
+The sandbox user may write in two places, each a host directory bound into the jail:
+``/workspace`` (also HOME; relative paths start here) and ``/tmp``. The sandboxed code
+controls both completely, so every path is walked one component at a time with
+``O_NOFOLLOW`` directory file descriptors (openat style). Paths and symlinks are resolved
+by hand as the jail sees them: a link in /workspace to ``/tmp/x`` (or ``../tmp/x``) leads
+into the tmp root, never into the host's /tmp; anything that would end outside those two
+roots (an absolute link elsewhere, ``..`` above a root into the jail's read-only system
+directories), NUL bytes or over-long paths raise PathNotAllowed. The final operation
+always uses the parent's descriptor and ``O_NOFOLLOW``, so a link swapped in between is
+refused rather than followed.
 
 When the server runs as root, what it creates here is handed to the owner of the
 workspace root (the jail's host uid), so the sandbox can change and remove it.
@@ -35,6 +38,9 @@ from sandboxes.providers.base import (
 )
 
 JAIL_WORKSPACE = "/workspace"
+JAIL_ROOTS = ("workspace", "tmp")
+"""The jail's writable directories (first component of the absolute path), the first being
+where relative paths start."""
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
 MAX_SYMLINK_HOPS = 40
@@ -67,7 +73,9 @@ def os_errors(path: str) -> Iterator[None]:
 
 
 def split_path(path: str) -> list[str]:
-    """Workspace-relative components of `path` (relative, or absolute under /workspace)."""
+    """The absolute components of `path` as the jail sees it, `..` resolved lexically
+    (relative paths start at /workspace), e.g. ['tmp', 'x']. PathNotAllowed when it would
+    end outside /workspace and /tmp."""
     if not isinstance(path, str) or "\x00" in path:
         raise PathNotAllowed("path contains a NUL byte")
     if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
@@ -76,11 +84,8 @@ def split_path(path: str) -> list[str]:
         len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES for part in path.split("/")
     ):
         raise PathNotAllowed(f"a path component is longer than {MAX_NAME_BYTES} bytes")
-    if path.startswith("/"):
-        if path != JAIL_WORKSPACE and not path.startswith(JAIL_WORKSPACE + "/"):
-            raise PathNotAllowed(f"path is outside the workspace: {path}")
-        path = path[len(JAIL_WORKSPACE) :]
-    return _normalize([], path.split("/"), path)
+    base = [] if path.startswith("/") else [JAIL_ROOTS[0]]
+    return _normalize(base, path.split("/"), path)
 
 
 def _normalize(base: list[str], parts: list[str], shown: str) -> list[str]:
@@ -90,27 +95,51 @@ def _normalize(base: list[str], parts: list[str], shown: str) -> list[str]:
             continue
         if part == "..":
             if not out:
-                raise PathNotAllowed(f"path escapes the workspace: {shown}")
+                raise PathNotAllowed(f"path escapes the sandbox: {shown}")
             out.pop()
         else:
             out.append(part)
+    if not out or out[0] not in JAIL_ROOTS:
+        raise PathNotAllowed(
+            f"path is outside the sandbox's writable directories (/workspace, /tmp): {shown}"
+        )
     return out
 
 
-class Workspace:
-    """Safe file operations on one sandbox's workspace directory."""
+def shown_parts(parts: list[str]) -> list[str]:
+    """How an absolute path is shown in entries: relative under the workspace (as always),
+    absolute elsewhere (['', 'tmp', 'x'] joins to '/tmp/x')."""
+    if parts[0] == JAIL_ROOTS[0]:
+        return parts[1:]
+    return ["", *parts]
 
-    def __init__(self, root: Path, max_file_bytes: int, *, chown_to_owner: bool = False) -> None:
+
+class Workspace:
+    """Safe file operations on one sandbox's writable directories: the workspace and, when
+    given, the directory bound at /tmp."""
+
+    def __init__(
+        self,
+        root: Path,
+        max_file_bytes: int,
+        *,
+        chown_to_owner: bool = False,
+        tmp: Path | None = None,
+    ) -> None:
         self.root = root
+        self.roots = {JAIL_ROOTS[0]: root, **({"tmp": tmp} if tmp is not None else {})}
         self.max_file_bytes = max_file_bytes
         self.chown_to_owner = chown_to_owner
         self._owner: tuple[int, int] | None = None
 
     # -- resolution -------------------------------------------------------
 
-    def _open_root(self) -> int:
+    def _open_root(self, name: str = JAIL_ROOTS[0]) -> int:
+        host = self.roots.get(name)
+        if host is None:
+            raise PathNotAllowed(f"/{name} is not reachable through the file API here")
         try:
-            fd = os.open(self.root, _DIR_FLAGS)
+            fd = os.open(host, _DIR_FLAGS)
         except FileNotFoundError:
             raise SandboxGone("the sandbox no longer exists") from None
         if self.chown_to_owner and self._owner is None:
@@ -126,24 +155,24 @@ class Workspace:
     def resolve(
         self, path: str, *, follow_last: bool, create_dirs: bool = False
     ) -> tuple[int, str | None, list[str]]:
-        """Walk `path` safely. Returns (parent dir fd, final name or None for the root,
-        resolved workspace-relative parts). The caller closes the fd."""
-        pending = split_path(path)
+        """Walk `path` safely. Returns (parent dir fd, final name or None for a root,
+        resolved parts as entries show them, see `shown_parts`). The caller closes the fd."""
+        root, *pending = split_path(path)
         done: list[str] = []
-        dfd = self._open_root()
+        dfd = self._open_root(root)
         hops = 0
         try:
             while pending:
                 name = pending[0]
                 last = len(pending) == 1
                 if last and not follow_last:
-                    return dfd, name, [*done, name]
+                    return dfd, name, shown_parts([root, *done, name])
                 try:
                     with os_errors(path):
                         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 except FileNotFound:
                     if last:
-                        return dfd, name, [*done, name]
+                        return dfd, name, shown_parts([root, *done, name])
                     if not create_dirs:
                         raise FileNotFound(f"no such file or directory: {path}") from None
                     with os_errors(path):
@@ -156,17 +185,19 @@ class Workspace:
                         raise PathNotAllowed(f"too many symbolic links: {path}")
                     with os_errors(path):
                         target = os.readlink(name, dir_fd=dfd)
-                    if target.startswith("/"):
-                        base_parts = split_path(target)
-                    else:
-                        base_parts = _normalize(done, target.split("/"), path)
-                    pending = base_parts + pending[1:]
+                    # As the jail resolves it: absolute from its /, relative from the
+                    # link's directory, with the rest of the path after it; either may
+                    # cross into the other root, and only where it ends must be inside.
+                    base = [] if target.startswith("/") else [root, *done]
+                    rest = [*target.split("/"), *pending[1:]]
+                    root, *pending = _normalize(base, rest, path)
                     done = []
                     os.close(dfd)
-                    dfd = self._open_root()
+                    dfd = -1  # closed: a failure to open the next root must not close it again
+                    dfd = self._open_root(root)
                     continue
                 if last:
-                    return dfd, name, [*done, name]
+                    return dfd, name, shown_parts([root, *done, name])
                 if not stat_mod.S_ISDIR(st.st_mode):
                     raise FileConflict(f"not a directory: {'/'.join([*done, name])}")
                 try:
@@ -179,9 +210,10 @@ class Workspace:
                 dfd = nfd
                 done.append(name)
                 pending = pending[1:]
-            return dfd, None, done
+            return dfd, None, shown_parts([root, *done])
         except BaseException:
-            os.close(dfd)
+            if dfd >= 0:
+                os.close(dfd)
             raise
 
     def open_dir(self, path: str) -> tuple[int, list[str]]:
@@ -208,7 +240,7 @@ class Workspace:
         dfd, name, _ = self.resolve(path, follow_last=True)
         try:
             if name is None:
-                raise FileConflict("is a directory: /workspace")
+                raise FileConflict(f"is a directory: {path}")
             with os_errors(path):
                 fd = os.open(
                     name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd
@@ -243,7 +275,7 @@ class Workspace:
         dfd, name, parts = self.resolve(path, follow_last=True, create_dirs=True)
         try:
             if name is None:
-                raise FileConflict("is a directory: /workspace")
+                raise FileConflict(f"is a directory: {path}")
             with os_errors(path):
                 fd = os.open(
                     name,
@@ -350,7 +382,7 @@ class Workspace:
         dfd, name, _ = self.resolve(path, follow_last=False)
         try:
             if name is None:
-                raise PathNotAllowed("cannot remove the workspace itself")
+                raise PathNotAllowed(f"cannot remove {path} itself (a root of the sandbox)")
             with os_errors(path):
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 if stat_mod.S_ISDIR(st.st_mode):
@@ -367,11 +399,11 @@ class Workspace:
         sfd, sname, _ = self.resolve(src, follow_last=False)
         try:
             if sname is None:
-                raise PathNotAllowed("cannot move the workspace itself")
+                raise PathNotAllowed(f"cannot move {src} itself (a root of the sandbox)")
             dfd, dname, dparts = self.resolve(dst, follow_last=False, create_dirs=True)
             try:
                 if dname is None:
-                    raise FileConflict("destination exists: /workspace")
+                    raise FileConflict(f"destination exists: {dst}")
                 with os_errors(src):
                     os.stat(sname, dir_fd=sfd, follow_symlinks=False)
                 with os_errors(dst):
@@ -381,12 +413,50 @@ class Workspace:
                         pass
                     else:
                         raise FileConflict(f"destination exists: {dst}")
-                    os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    try:
+                        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    except OSError as exc:
+                        if exc.errno != errno.EXDEV:
+                            raise
+                        # /workspace and /tmp are separate mounts: a file is copied, as
+                        # mv does; a directory is refused rather than copied tree-wise.
+                        self._copy_file(sfd, sname, dfd, dname, src)
+                        os.unlink(sname, dir_fd=sfd)
                     return _entry(dparts, os.stat(dname, dir_fd=dfd, follow_symlinks=False))
             finally:
                 os.close(dfd)
         finally:
             os.close(sfd)
+
+    def _copy_file(self, sfd: int, sname: str, dfd: int, dname: str, shown: str) -> None:
+        """Copy the regular file `sname` to a new `dname` (both by their directory fds,
+        never following a link); FileConflict for anything else."""
+        fd = os.open(sname, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=sfd)
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise FileConflict(
+                    f"only files move between /workspace and /tmp; {shown} is not one"
+                )
+            if st.st_size > self.max_file_bytes:
+                raise FileTooLarge(f"{shown} is larger than {self.max_file_bytes} bytes")
+            out = os.open(
+                dname,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                stat_mod.S_IMODE(st.st_mode),
+                dir_fd=dfd,
+            )
+            try:
+                if self._owner is not None:
+                    os.fchown(out, *self._owner)
+                while chunk := os.read(fd, 1 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view) :]
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
 
 
 def _entry(parts: list[str], st: os.stat_result) -> FileEntry:

@@ -151,10 +151,12 @@ class LocalProvider:
         return path, state
 
     def _workspace(self, provider_id: str) -> Workspace:
+        sandbox_dir = self._dir(provider_id)
         return Workspace(
-            self._dir(provider_id) / "workspace",
+            sandbox_dir / "workspace",
             self.max_file_bytes,
             chown_to_owner=self._identities.switching,
+            tmp=sandbox_dir / "tmp",  # the jail's /tmp (jail.py binds it there)
         )
 
     # -------------------------------------------------------------- lifecycle
