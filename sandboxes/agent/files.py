@@ -1,6 +1,6 @@
-"""Workspace files: every path resolved inside the sandbox with ``realpath``, so a
-symlink the sandbox's code made cannot lead outside the workspace; and file events
-(``inotifywait``) streamed to the host."""
+"""Files where the sandbox user may write (/workspace, also HOME, and /tmp): every path
+resolved inside the sandbox with ``realpath``, so a symlink the sandbox's code made cannot
+lead anywhere else; and file events (``inotifywait``) streamed to the host."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from .procs import child_env, kill_tree, spawn
 from .wire import CHUNK, AgentError, json_dumps, send_line, socket
 
 WS = "/workspace"
+ROOTS = (WS, "/tmp")
+"""The writable directories the file operations reach; relative paths start in the first."""
 MAX_PATH_BYTES = 4096
 MAX_LIST_ENTRIES = 100_000
 OS_CODES = {
@@ -35,11 +37,14 @@ OS_CODES = {
 
 
 def _rel(p: str) -> str:
-    return "" if p == WS else p[len(WS) + 1 :]
+    """As entries show a path: relative in the workspace (as always), absolute elsewhere."""
+    if p == WS:
+        return ""
+    return p[len(WS) + 1 :] if p.startswith(WS + "/") else p
 
 
 def _inside(p: str) -> bool:
-    return p == WS or p.startswith(WS + "/")
+    return any(p == root or p.startswith(root + "/") for root in ROOTS)
 
 
 def resolve(path: object, follow: bool = True) -> tuple[str, str]:
@@ -55,10 +60,10 @@ def resolve(path: object, follow: bool = True) -> tuple[str, str]:
     else:
         lex = os.path.join(os.path.realpath(head), name)
     if not _inside(lex):
-        raise AgentError("path_not_allowed", "path escapes the workspace: " + path)
+        raise AgentError("path_not_allowed", "path is outside /workspace and /tmp: " + path)
     real = os.path.realpath(lex)
     if follow and not _inside(real):
-        raise AgentError("path_not_allowed", "path escapes the workspace: " + path)
+        raise AgentError("path_not_allowed", "path is outside /workspace and /tmp: " + path)
     return lex, real
 
 
@@ -159,8 +164,8 @@ def op_exists(conn: socket.socket, req: dict) -> None:
 
 def op_remove(conn: socket.socket, req: dict) -> None:
     lex, _real = resolve(req["path"], follow=False)
-    if lex == WS:
-        raise AgentError("path_not_allowed", "cannot remove the workspace root")
+    if lex in ROOTS:
+        raise AgentError("path_not_allowed", f"cannot remove {lex} itself")
     st = os.lstat(lex)
     if S.S_ISDIR(st.st_mode):
         if req.get("recursive"):
@@ -188,16 +193,34 @@ def _rmtree(top: str) -> None:
 def op_move(conn: socket.socket, req: dict) -> None:
     src, _ = resolve(req["src"], follow=False)
     dst, _ = resolve(req["dst"], follow=False)
-    if WS in (src, dst):
-        raise AgentError("path_not_allowed", "cannot move the workspace root")
+    if src in ROOTS or dst in ROOTS:
+        raise AgentError("path_not_allowed", "cannot move /workspace or /tmp itself")
     os.lstat(src)
     if os.path.lexists(dst):
         raise AgentError("file_conflict", "destination exists: " + req["dst"])
     if (dst + "/").startswith(src + "/"):
         raise AgentError("file_conflict", "cannot move a directory into itself")
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    os.rename(src, dst)
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        _copy_across(src, dst, req["src"])
     send_line(conn, {"ok": True, "entry": entry(dst)})
+
+
+def _copy_across(src: str, dst: str, shown: str) -> None:
+    """/workspace and /tmp are separate mounts: a file moves by a copy, as mv does; a
+    directory is refused rather than copied tree-wise."""
+    st = os.lstat(src)
+    if not S.S_ISREG(st.st_mode):
+        raise AgentError("file_conflict", "only files move between /workspace and /tmp: " + shown)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with open(src, "rb") as f, os.fdopen(os.open(dst, flags, S.S_IMODE(st.st_mode)), "wb") as out:
+        while chunk := f.read(CHUNK):
+            out.write(chunk)
+    os.unlink(src)
 
 
 WATCH_EVENTS = "create,delete,modify,close_write,moved_from,moved_to"

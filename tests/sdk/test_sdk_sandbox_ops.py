@@ -82,6 +82,20 @@ def test_detached_command_keeps_its_output(sbx):  # type: ignore[no-untyped-def]
     assert (rest.stdout, rest.stderr_bytes, rest.exit_code) == ("", b"two\n", 0)
 
 
+def test_files_in_tmp(sbx):  # type: ignore[no-untyped-def]
+    assert sbx.files.write("/tmp/hello.py", "print('hi from tmp')").path == "/tmp/hello.py"
+    assert sbx.commands.run("python3 /tmp/hello.py").stdout == "hi from tmp\n"
+    sbx.commands.run("echo linked > /tmp/t.txt && ln -s /tmp/t.txt link && ln -s /etc/hostname out")
+    assert sbx.files.read("link") == b"linked\n"
+    assert "/tmp/t.txt" in {e.path for e in sbx.files.list("/tmp")}
+    assert sbx.files.exists("/tmp/t.txt") and not sbx.files.exists("/tmp/nope")
+    assert sbx.files.rename("/tmp/hello.py", "moved.py").path == "moved.py"
+    for path in ("out", "/etc/hostname", "/tmp/../etc/hostname"):
+        with pytest.raises(InvalidRequestError) as refused:
+            sbx.files.read(path)
+        assert refused.value.code == "path_not_allowed"
+
+
 def test_files(sbx):  # type: ignore[no-untyped-def]
     entry = sbx.files.write("dir/hello.txt", "hello")
     assert (entry.path, entry.size_bytes, entry.type) == ("dir/hello.txt", 5, "file")
