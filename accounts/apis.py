@@ -54,12 +54,12 @@ class ApiKeyListApi(APIView):
         )
 
     @extend_schema(responses=ApiKeyOutput(many=True))
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         keys = api_keys_for_org(principal_of(request).organization)
         return Response({"results": ApiKeyOutput(keys, many=True).data})
 
     @extend_schema(request=ApiKeyCreateInput, responses={201: ApiKeyOutput})
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         data = self.ApiKeyCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
@@ -77,7 +77,7 @@ class ApiKeyListApi(APIView):
 class ApiKeyDetailApi(APIView):
     permission_classes = [IsOrganizationManager]
 
-    def delete(self, request, key_id: int):  # type: ignore[no-untyped-def]
+    def delete(self, request: Request, key_id: int) -> Response:
         api_key = get_object_or_404(
             ApiKey, pk=key_id, organization=principal_of(request).organization
         )
@@ -144,7 +144,7 @@ class OrganizationApi(APIView):
 class MemberListApi(APIView):
     permission_classes = [HasOrganization]
 
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         principal = principal_of(request)
         if principal.user is None:
             raise Forbidden("Members are listed for signed-in users only.")
@@ -161,7 +161,7 @@ class MemberDetailApi(APIView):
         role = serializers.ChoiceField(choices=Role.choices, help_text="The member's new role.")
 
     @extend_schema(request=MemberUpdateInput, responses=MembershipOutput)
-    def patch(self, request, member_id: int):  # type: ignore[no-untyped-def]
+    def patch(self, request: Request, member_id: int) -> Response:
         principal = principal_of(request)
         membership = get_object_or_404(
             Membership, pk=member_id, organization=principal.organization
@@ -173,7 +173,7 @@ class MemberDetailApi(APIView):
         )
         return Response(MembershipOutput(membership).data)
 
-    def delete(self, request, member_id: int):  # type: ignore[no-untyped-def]
+    def delete(self, request: Request, member_id: int) -> Response:
         principal = principal_of(request)
         membership = get_object_or_404(
             Membership, pk=member_id, organization=principal.organization
@@ -200,14 +200,14 @@ class InvitationListApi(APIView):
         )
 
     @extend_schema(responses=InvitationOutput(many=True))
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         invitations = Invitation.objects.filter(
             organization=principal_of(request).organization
         ).order_by("-created_at")
         return Response({"results": InvitationOutput(invitations, many=True).data})
 
     @extend_schema(request=InvitationCreateInput, responses={201: InvitationOutput})
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         data = self.InvitationCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
@@ -220,12 +220,12 @@ class InvitationListApi(APIView):
         return Response(_issued_body(request, issued), status=status.HTTP_201_CREATED)
 
 
-def _site(request) -> str:  # type: ignore[no-untyped-def]
+def _site(request: Request) -> str:
     """This site's scheme and host, for links in mail."""
     return request.build_absolute_uri("/").rstrip("/")
 
 
-def _issued_body(request, issued: services.IssuedInvitation) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def _issued_body(request: Request, issued: services.IssuedInvitation) -> dict[str, object]:
     body = dict(InvitationOutput(issued.invitation).data)
     # The link is also returned so a manager can share it when the mail did not go out.
     body["url"] = request.build_absolute_uri(services.invitation_path(issued.token))
@@ -239,7 +239,7 @@ class InvitationDetailApi(APIView):
     permission_classes = [IsOrganizationManager]
 
     @extend_schema(request=None, responses={204: None})
-    def delete(self, request, invitation_id: int):  # type: ignore[no-untyped-def]
+    def delete(self, request: Request, invitation_id: int) -> Response:
         principal = principal_of(request)
         invitation = invitation_get_for_org(
             organization=principal.organization, invitation_id=invitation_id
@@ -254,7 +254,7 @@ class InvitationResendApi(APIView):
     permission_classes = [IsOrganizationManager]
 
     @extend_schema(request=None, responses=InvitationOutput)
-    def post(self, request, invitation_id: int):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, invitation_id: int) -> Response:
         principal = principal_of(request)
         invitation = invitation_get_for_org(
             organization=principal.organization, invitation_id=invitation_id

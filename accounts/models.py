@@ -5,6 +5,9 @@ An organization is the tenant: sandboxes, usage and invoices belong to it.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import ClassVar
+
 from django.contrib.auth.base_user import BaseUserManager
 from django.contrib.auth.models import AbstractUser
 from django.db import models
@@ -36,13 +39,15 @@ class UserManager(BaseUserManager["User"]):
 class User(AbstractUser):
     """A person. Logs in with email + password; `username` is not used."""
 
+    # Django's documented way to drop an inherited field; the stubs know only the field.
     username = None  # type: ignore[assignment]
     email = models.EmailField("email address", unique=True)
 
     USERNAME_FIELD = "email"
-    REQUIRED_FIELDS: list[str] = []
+    REQUIRED_FIELDS: ClassVar[list[str]] = []
 
-    objects = UserManager()  # type: ignore[misc]
+    # Keyed by email: the stubs expect AbstractUser's username-keyed manager.
+    objects = UserManager()  # type: ignore[assignment,misc]
 
     def __str__(self) -> str:
         return self.email
@@ -163,7 +168,7 @@ class ApiKey(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
 
-    def is_active(self, now: object | None = None) -> bool:
+    def is_active(self, now: datetime | None = None) -> bool:
         now = now or timezone.now()
         if self.revoked_at is not None:
             return False

@@ -420,7 +420,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     total = args.mb * 1_000_000
     results: dict[str, object] = {}
     workdir = Path(tempfile.mkdtemp(prefix="bench-terminal-"))
-    workdir.chmod(0o711)  # each sandbox runs as its own host uid and must pass through it
+    workdir.chmod(0o711)  # noqa: ASYNC240 - set-up before any server runs; jails (own host uids) pass through it
     providers = "local,docker" if args.docker else "local"
     sp = Sandpit(workdir, providers)
     jp = Jupyter(workdir)

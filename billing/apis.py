@@ -6,16 +6,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
+from accounts.models import Organization
 from accounts.permissions import HasOrganization, IsOrganizationManager, principal_of
 from playground.inputs import InputSerializer
 
@@ -52,11 +57,14 @@ class CsvRenderer(BaseRenderer):
 class JsonErrorsMixin:
     """Render error responses as JSON even when CSV was negotiated."""
 
-    def finalize_response(self, request, response, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
         if isinstance(response, Response) and response.status_code >= 400:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
-        return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        # A mixin: APIView, later in the views' bases, has the method.
+        return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc,no-any-return]
 
 
 class IsStaffUser(BasePermission):
@@ -64,7 +72,7 @@ class IsStaffUser(BasePermission):
 
     message = "Only Sandpit staff can do this."
 
-    def has_permission(self, request, view):  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         user = getattr(request, "user", None)
         return bool(user is not None and user.is_authenticated and getattr(user, "is_staff", False))
 
@@ -117,7 +125,7 @@ class UsageApi(JsonErrorsMixin, APIView):
             )
         ]
     )
-    def get(self, request, format: str | None = None):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, format: str | None = None) -> Response:
         organization = principal_of(request).organization
         if request.accepted_renderer.format == "csv":
             return self._csv(organization)
@@ -146,10 +154,7 @@ class UsageApi(JsonErrorsMixin, APIView):
             }
         )
 
-    def _csv(self, organization):  # type: ignore[no-untyped-def]
-        from django.http import HttpResponse
-        from django.utils import timezone
-
+    def _csv(self, organization: Organization) -> HttpResponse:
         start = pricing.period_start(timezone.now())
         buffer = io.StringIO()
         writer = csv.writer(buffer)
@@ -169,7 +174,7 @@ class InvoiceListApi(APIView):
     permission_classes = [HasOrganization]
 
     @extend_schema(responses=InvoiceOutput(many=True))
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         invoices = selectors.invoices_for_org(organization=principal_of(request).organization)
         paginator = api_settings.DEFAULT_PAGINATION_CLASS()
         page = paginator.paginate_queryset(invoices, request, view=self)
@@ -180,7 +185,7 @@ class InvoiceDetailApi(APIView):
     permission_classes = [HasOrganization]
 
     @extend_schema(responses=InvoiceOutput)
-    def get(self, request, invoice_id: int):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, invoice_id: int) -> Response:
         invoice = selectors.invoice_get_for_org(
             organization=principal_of(request).organization, invoice_id=invoice_id
         )
@@ -196,7 +201,7 @@ class InvoiceUpcomingApi(APIView):
 
     permission_classes = [HasOrganization]
 
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         upcoming = selectors.invoice_upcoming(organization=principal_of(request).organization)
         return Response(
             {
@@ -233,7 +238,7 @@ class InvoiceMarkPaidApi(APIView):
         )
 
     @extend_schema(request=InvoiceMarkPaidInput, responses=InvoiceOutput)
-    def post(self, request, invoice_id: int):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, invoice_id: int) -> Response:
         data = self.InvoiceMarkPaidInput(data=request.data)
         data.is_valid(raise_exception=True)
         invoice = selectors.invoice_get(invoice_id=invoice_id)
@@ -261,16 +266,16 @@ class PlanApi(APIView):
             "period's end).",
         )
 
-    def get_permissions(self):  # type: ignore[no-untyped-def]
+    def get_permissions(self) -> Sequence[BasePermission]:
         return [HasOrganization()] if self.request.method == "GET" else [IsOrganizationManager()]
 
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         return Response(
             _plan_body(services.plan_state(organization=principal_of(request).organization))
         )
 
     @extend_schema(request=PlanInput)
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         data = self.PlanInput(data=request.data)
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
@@ -296,7 +301,7 @@ class SpendingCapApi(APIView):
         )
 
     @extend_schema(request=SpendingCapInput)
-    def put(self, request):  # type: ignore[no-untyped-def]
+    def put(self, request: Request) -> Response:
         data = self.SpendingCapInput(data=request.data)
         data.is_valid(raise_exception=True)
         organization = principal_of(request).organization

@@ -56,7 +56,7 @@ def ledger_insert(
     batch = list(unique.values())
     with connection.cursor() as cursor:
         for chunk in _chunks(batch, _CHUNK):
-            params: list[object] = []
+            params: list[str | int | None] = []
             for event in chunk:
                 params += [
                     event.event_id,
@@ -93,7 +93,7 @@ def daily_add(counts: Counter[tuple[int, date, int]]) -> None:
     with connection.cursor() as cursor:
         for index in range(0, len(rows), _CHUNK):
             chunk = rows[index : index + _CHUNK]
-            params: list[object] = []
+            params: list[str | int | None] = []
             for (org_id, day, key_ref), count in chunk:
                 params += [org_id, ops.adapt_datefield_value(day), key_ref, count]
             values = ",".join(["(%s, %s, %s, %s)"] * len(chunk))

@@ -150,7 +150,7 @@ class RedisMeter:
     def _plan_change(self, organization_id: int) -> str:
         return f"{self.prefix}:plan-change:{organization_id}"
 
-    def _record_call(self, event: MeteredEvent) -> tuple[list[str], list[object]]:
+    def _record_call(self, event: MeteredEvent) -> tuple[list[str], list[int | str]]:
         start = pricing.period_start(event.occurred_at)
         keys = [
             f"{self.prefix}:event:{event.event_id}",
@@ -158,7 +158,7 @@ class RedisMeter:
             self._counter(event.organization_id, start),
             self.epoch,
         ]
-        args: list[object] = [
+        args: list[int | str] = [
             DEDUPE_TTL_S,
             event.event_id,
             event.organization_id,

@@ -46,6 +46,8 @@ def e2b_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
 class E2BApi(APIView):
     authentication_classes = [E2BAuthentication]
+    # E2B's own API specification describes these; Sandpit's OpenAPI schema is its own API.
+    schema = None
 
     def get_exception_handler(self):  # type: ignore[no-untyped-def]
         return e2b_exception_handler

@@ -18,8 +18,8 @@ from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
 
-from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
 from e2bcompat.asgi import E2BRouter  # noqa: E402
+from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
 from sandboxes.routing import http_app, websocket_urlpatterns  # noqa: E402
 
 Origin = tuple[str, str, int]

@@ -307,7 +307,13 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 2)
+# Host uids local jails run as when Sandpit runs as root: one per live sandbox, from the
+# base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
+SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
+SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
+# The Docker engine the docker provider talks to.
+DOCKER_HOST = env_str("DOCKER_HOST", "unix:///var/run/docker.sock")
 # The Docker runtime sandboxes run under: runc, or runsc for gVisor (a user-space kernel
 # between sandbox and host; scripts/docker-up.sh registers it). Organizations may override.
 SANDPIT_DOCKER_RUNTIME = env_str("SANDPIT_DOCKER_RUNTIME", "runc")
@@ -320,10 +326,6 @@ SANDPIT_MAX_CONCURRENT_SANDBOXES = env_int("SANDPIT_MAX_CONCURRENT_SANDBOXES", 1
 SANDPIT_MAX_FILE_BYTES = env_int("SANDPIT_MAX_FILE_BYTES", 10 * 1024 * 1024)
 # JSON request bodies (Django's default, named because the web server's ceiling uses it).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
-# Host uids local jails run as when Sandpit runs as root: one per live sandbox, from the
-# base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
-SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
-SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
 # The web server (playground/webserver.py) reads no request body larger than this, in bytes;
 # each endpoint then applies its own limit above.
 SANDPIT_MAX_REQUEST_BYTES = max(SANDPIT_MAX_FILE_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE)
@@ -334,7 +336,29 @@ SANDPIT_MAX_LIFETIME_S = env_int("SANDPIT_MAX_LIFETIME_S", 24 * 3600)
 # The E2B-compatible API (e2bcompat/): the domain `sandbox.get_host(port)` answers under
 # (`<port>-<sandbox id>.<domain>`, served by the preview proxy); empty: no host-named previews.
 SANDPIT_E2B_DOMAIN = env_str("SANDPIT_E2B_DOMAIN", "")
+
+# --- Cloud providers ------------------------------------------------------------------------
+# Each is enabled by its credentials (SANDPIT_PROVIDERS=auto picks the first complete set); the
+# registry (sandboxes/providers/__init__.py) passes them to the adapter it builds, and nothing
+# else reads them. Empty means absent: a provider that needs one names it when it is built.
 E2B_API_KEY = env_str("E2B_API_KEY")
+E2B_TEMPLATE = env_str("E2B_TEMPLATE", "base")
+E2B_DOMAIN = env_str("E2B_DOMAIN")
+MODAL_TOKEN_ID = env_str("MODAL_TOKEN_ID")
+MODAL_TOKEN_SECRET = env_str("MODAL_TOKEN_SECRET")
+MODAL_APP_NAME = env_str("MODAL_APP_NAME", "sandpit")
+DAYTONA_API_KEY = env_str("DAYTONA_API_KEY")
+DAYTONA_API_URL = env_str("DAYTONA_API_URL", "https://app.daytona.io/api")
+CSB_API_KEY = env_str("CSB_API_KEY")
+CODESANDBOX_TOKEN = env_str("CODESANDBOX_TOKEN")
+# Vercel's and Blaxel's SDKs also read their variables from the environment themselves.
+VERCEL_TOKEN = env_str("VERCEL_TOKEN")
+VERCEL_TEAM_ID = env_str("VERCEL_TEAM_ID")
+VERCEL_PROJECT_ID = env_str("VERCEL_PROJECT_ID")
+VERCEL_OIDC_TOKEN = env_str("VERCEL_OIDC_TOKEN")
+BL_API_KEY = env_str("BL_API_KEY")
+BL_WORKSPACE = env_str("BL_WORKSPACE")
+RUNLOOP_API_KEY = env_str("RUNLOOP_API_KEY")
 
 # --- `make run` (scripts/run.sh reads the same two for the server it starts) ------------------
 SANDPIT_BIND = env_str("SANDPIT_BIND", "127.0.0.1")

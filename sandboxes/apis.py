@@ -6,8 +6,8 @@ answered here and never reaches a service), calls one service with the Caller, r
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import IO, Any
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -34,6 +34,9 @@ MAX_IDEMPOTENCY_KEY = 255
 PATH_PARAM = OpenApiParameter(
     "path", str, description="Relative to /workspace, or absolute under /workspace or /tmp"
 )
+RECURSIVE_PARAM = OpenApiParameter(
+    "recursive", bool, description="Listing: the whole tree. Delete: a directory and its contents."
+)
 # `format` is DRF's renderer override (?format=json), accepted by every endpoint.
 LIST_QUERY_PARAMETERS = frozenset({"state", "all", "limit", "offset", "format"})
 
@@ -43,7 +46,12 @@ class RawBytesParser(parsers.BaseParser):
 
     media_type = "*/*"
 
-    def parse(self, stream, media_type=None, parser_context=None):  # type: ignore[no-untyped-def]
+    def parse(
+        self,
+        stream: IO[bytes] | None,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
         limit = settings.SANDPIT_MAX_FILE_BYTES
         data = stream.read(limit + 1) if stream is not None else b""
         if len(data) > limit:
@@ -157,9 +165,14 @@ def _no_tokens(principal: Principal) -> None:
 class SandboxListApi(SandboxApi):
     @extend_schema(
         responses=s.SandboxOutput(many=True),
-        parameters=[OpenApiParameter("state", str), OpenApiParameter("all", bool)],
+        parameters=[
+            OpenApiParameter(
+                "state", str, description="Only sandboxes in this state (running, stopped, ...)."
+            ),
+            OpenApiParameter("all", bool, description="true: include destroyed sandboxes."),
+        ],
     )
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         unknown = sorted(set(request.query_params) - LIST_QUERY_PARAMETERS)
         if unknown:
             raise ApplicationError(
@@ -179,13 +192,13 @@ class SandboxListApi(SandboxApi):
         return self.paginator.get_paginated_response(s.SandboxOutput(page, many=True).data)
 
     @property
-    def paginator(self):  # type: ignore[no-untyped-def]
+    def paginator(self) -> CursorlessPagination:
         if not hasattr(self, "_paginator"):
             self._paginator = CursorlessPagination()
         return self._paginator
 
     @extend_schema(request=s.SandboxCreateInput, responses={201: s.SandboxOutput})
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         data = _validated(s.SandboxCreateInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
@@ -212,11 +225,11 @@ class SandboxDetailApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(responses=s.SandboxOutput)
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
 
     @extend_schema(responses=s.SandboxOutput)
-    def delete(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def delete(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(principal_of(request))
 
@@ -234,7 +247,7 @@ class SandboxTimeoutApi(SandboxApi):
     a billed sandbox alive past what its minter chose."""
 
     @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.TimeoutInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -253,7 +266,7 @@ class SandboxStatsApi(SandboxApi):
 
     sandbox_token_methods = frozenset({"GET"})
 
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         stats = services.sandbox_stats(sandbox=sandbox)
         return Response(dict(stats.__dict__))
@@ -267,7 +280,7 @@ class SandboxCommandApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CommandInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.CommandInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -305,7 +318,7 @@ class SandboxCodeApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CodeInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.CodeInput, request.data)
         language = services.resolve_language(data["code"], data.get("language"))
         sandbox = self.sandbox(request, sandbox_id)
@@ -332,8 +345,8 @@ class FilesApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
-    @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
+    def get(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -348,8 +361,8 @@ class FilesApi(SandboxApi):
 
         return self.operate(request, run)
 
-    @extend_schema(parameters=[PATH_PARAM, OpenApiParameter("recursive", bool)])
-    def delete(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
+    def delete(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         if not query["path"] or query["path"] in (".", "/workspace", "/workspace/"):
             raise ApplicationError(
@@ -372,9 +385,13 @@ class FileContentApi(SandboxApi):
     parser_classes = [RawBytesParser]
 
     @extend_schema(
-        parameters=[PATH_PARAM, OpenApiParameter("offset", int), OpenApiParameter("length", int)]
+        parameters=[
+            PATH_PARAM,
+            OpenApiParameter("offset", int, description="First byte to read (default 0)."),
+            OpenApiParameter("length", int, description="Bytes to read (default: to the end)."),
+        ]
     )
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         if not request.query_params.get("path"):
             # PathQuery defaults to the workspace, which listing wants and reading cannot use.
@@ -401,7 +418,7 @@ class FileContentApi(SandboxApi):
         return self.operate(request, run)
 
     @extend_schema(parameters=[PATH_PARAM], request={"application/octet-stream": bytes})
-    def put(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def put(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         if query["path"] in ("", "."):
             raise ApplicationError("A file path is required.", code="validation_error")
@@ -422,7 +439,7 @@ class FileStatApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM])
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -441,7 +458,7 @@ class FileExistsApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM], responses=s.ExistsOutput)
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -457,7 +474,7 @@ class MkdirApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MkdirInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.MkdirInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -473,7 +490,7 @@ class MoveApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MoveInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.MoveInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -493,7 +510,7 @@ class ProcessListApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
@@ -503,7 +520,7 @@ class ProcessListApi(SandboxApi):
         return self.operate(request, run)
 
     @extend_schema(request=s.ProcessStartInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.ProcessStartInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -526,7 +543,7 @@ class ProcessSignalApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
-    def post(self, request, sandbox_id: str, pid: int):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str, pid: int) -> Response:
         data = _validated(s.SignalInput, request.data)
         services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
         sandbox = self.sandbox(request, sandbox_id)
@@ -550,7 +567,12 @@ class ProcessOutputApi(SandboxApi):
         parameters=[
             OpenApiParameter("stdout_offset", int, description="Bytes of stdout already read."),
             OpenApiParameter("stderr_offset", int, description="Bytes of stderr already read."),
-            OpenApiParameter("encoding", str, enum=list(s.OUTPUT_ENCODINGS)),
+            OpenApiParameter(
+                "encoding",
+                str,
+                enum=list(s.OUTPUT_ENCODINGS),
+                description='"utf-8" text (the default) or "base64" of the exact bytes.',
+            ),
         ]
     )
     def get(self, request: Request, sandbox_id: str, pid: int) -> Response:
@@ -583,7 +605,7 @@ class ProcessOutputApi(SandboxApi):
 
 class SandboxTokenApi(SandboxApi):
     @extend_schema(request=s.TokenInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.TokenInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
         principal = principal_of(request)
@@ -607,7 +629,7 @@ class SandboxTokenApi(SandboxApi):
 
 class RunApi(SandboxApi):
     @extend_schema(request=s.RunInput)
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request: Request) -> Response:
         data = _validated(s.RunInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
@@ -641,6 +663,6 @@ class RunApi(SandboxApi):
 
 
 class ProviderListApi(APIView):
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request: Request) -> Response:
         organization = principal_of(request).organization
         return Response({"results": services.providers_describe(organization)})

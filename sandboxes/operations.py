@@ -271,7 +271,7 @@ def _reconcile_provider_orphans(provider_name: str, now: datetime, report: Recon
     # committed (sandbox_create inserts the row before calling the provider), so a create
     # in flight always finds its row in the query below.
     try:
-        handles = provider.list()
+        handles = provider.list_sandboxes()
     except ProviderError as exc:
         _provider_error(provider_name, "list")
         report.provider_errors.append(provider_name)
@@ -353,7 +353,7 @@ def reconcile_vanished(*, now: datetime | None = None) -> ReconcileReport:
     grace = timedelta(seconds=orphan_grace_s())
     for name in configured_provider_names():
         try:
-            handles = {h.provider_id: h for h in get_provider(name).list()}
+            handles = {h.provider_id: h for h in get_provider(name).list_sandboxes()}
         except Exception as exc:  # noqa: BLE001 - skip this provider this run
             _provider_error(name, "list")
             report.provider_errors.append(name)

@@ -10,6 +10,7 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from playground.inputs import InputSerializer
@@ -90,13 +91,13 @@ class TerminalListApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET", "POST"})
 
     @extend_schema(operation_id="v1_sandboxes_terminals_list")
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         terminals = terminals_for_sandbox(sandbox=sandbox)
         return Response({"results": [terminal_data(request, t) for t in terminals]})
 
     @extend_schema(request=TerminalCreateInput)
-    def post(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(TerminalCreateInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -120,13 +121,13 @@ class TerminalDetailApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(operation_id="v1_sandboxes_terminal_retrieve")
-    def get(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         return Response(
             terminal_data(request, terminal_get(sandbox=sandbox, terminal_id=terminal_id))
         )
 
-    def delete(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+    def delete(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
 
@@ -142,7 +143,7 @@ class TerminalResizeApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=TerminalResizeInput)
-    def post(self, request, sandbox_id: str, terminal_id: str):  # type: ignore[no-untyped-def]
+    def post(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
         data = _validated(TerminalResizeInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
@@ -164,7 +165,7 @@ class PortListApi(SandboxApi):
     required_scope = "ports"
     sandbox_token_methods = frozenset({"GET"})
 
-    def get(self, request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:

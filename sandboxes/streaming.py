@@ -37,6 +37,7 @@ from .providers.base import (
     PtySession,
     SandboxGone,
     SandboxProvider,
+    StreamingProvider,
 )
 from .services import provider_for, require_capability, resolve_language
 from .watchers import FileWatcher, WatchSpec, sandbox_pollers
@@ -245,7 +246,7 @@ def sandbox_exec_stream_open(
             if sandbox.state != SandboxState.RUNNING:
                 raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
             provider = provider_for(sandbox)
-            if hasattr(provider, "exec_stream"):
+            if isinstance(provider, StreamingProvider):
                 require_capability(provider, Capability.EXEC)
                 request = ExecRequest(
                     command=argv[0],

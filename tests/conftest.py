@@ -115,7 +115,7 @@ def local_sandboxes(settings):  # type: ignore[no-untyped-def]
     reset_providers()
     provider = get_provider("local")
     yield provider
-    for handle in provider.list():
+    for handle in provider.list_sandboxes():
         provider.destroy(handle.provider_id)
     reset_providers()
     shutil.rmtree(root, ignore_errors=True)

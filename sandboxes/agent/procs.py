@@ -3,7 +3,6 @@ one reaper of wait4(-1), killing a command's whole tree, and background processe
 
 from __future__ import annotations
 
-import _signal as signal
 import _thread
 import os
 import resource
@@ -11,6 +10,13 @@ import time
 
 from . import spawn as libc_spawn
 from .wire import AgentError, send_line, socket
+
+# typing costs the agent's start-up ~5 ms: imported for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+else:
+    import _signal as signal  # the C module: importing `signal` would build its enums at start
 
 IDLE_AFTER_EXIT_S = 0.05
 """How long to keep reading output that background children still write after
@@ -73,7 +79,7 @@ class Child:
         self.pid = pid
         self.tag = tag
         self.status: int | None = None
-        self.rusage = None
+        self.rusage: resource.struct_rusage | None = None
         self.wake_w: int | None = None
         self.done = Event()
         self.command = command

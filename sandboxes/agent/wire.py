@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import _socket as socket
 
+# typing costs the agent's start-up ~5 ms: imported for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 try:  # the C halves of json: `import json` would cost ~5 ms of start-up (re, enum)
     import _json
 
@@ -23,7 +28,8 @@ try:  # the C halves of json: `import json` would cost ~5 ms of start-up (re, en
         def parse_constant(name: str) -> float:
             return float(name)
 
-    _scan = _json.make_scanner(_JsonContext())
+    # typeshed types the context as a scanner; any object with the decoder's attributes works.
+    _scan = _json.make_scanner(_JsonContext())  # type: ignore[arg-type]
 
     def _no_default(obj: object) -> object:
         raise TypeError(f"cannot encode {type(obj).__name__}")
@@ -32,7 +38,7 @@ try:  # the C halves of json: `import json` would cost ~5 ms of start-up (re, en
         None, _no_default, _json.encode_basestring_ascii, None, ": ", ", ", False, False, True
     )
 
-    def json_loads(text: str) -> object:
+    def json_loads(text: str) -> Any:
         return _scan(text, 0)[0]
 
     def json_dumps(obj: object) -> str:
@@ -41,7 +47,9 @@ try:  # the C halves of json: `import json` would cost ~5 ms of start-up (re, en
 except (ImportError, AttributeError, TypeError):  # another Python: take the slow path
     import json
 
-    json_loads = json.loads
+    def json_loads(text: str) -> Any:
+        return json.loads(text)
+
     json_dumps = json.dumps
 
 MAX_LINE = 1 << 20

@@ -5,18 +5,19 @@ provider whose credentials are present, in the order ComputeSDK auto-detects the
 (Modal, E2B, Daytona, CodeSandbox, then Vercel, Blaxel, Runloop); `get_provider("auto")`
 (and so SANDPIT_DEFAULT_PROVIDER=auto) is the first of those. Nothing is read at import
 time: a missing credential is a ProviderNotConfigured naming the variable when the
-provider is built.
+provider is built. Every value comes from settings (settings.py reads the environment);
+cloud adapters receive theirs in a CloudConfig.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 from django.conf import settings
 
 from .base import ProviderNotConfigured, SandboxProvider
+from .cloud.common import CloudConfig
 
 AUTO = "auto"
 CLOUD_CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -30,16 +31,29 @@ CLOUD_CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {
     "runloop": (("RUNLOOP_API_KEY",),),
 }
 """In auto-detection order (the seeds' order first, then the other cloud providers)."""
+CLOUD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "modal": ("MODAL_APP_NAME",),
+    "daytona": ("DAYTONA_API_URL",),
+}
+"""Settings besides the credentials that a cloud adapter is built with."""
 KNOWN_PROVIDERS = ("local", "docker", *CLOUD_CREDENTIALS)
 _instances: dict[str, SandboxProvider] = {}
 _lock = threading.Lock()
 
 
 def credential(name: str) -> str:
-    """A credential from settings when the settings module defines it, else the environment."""
-    if hasattr(settings, name):
-        return str(getattr(settings, name) or "")
-    return os.environ.get(name, "")
+    """A credential setting's value ('' when unset)."""
+    return str(getattr(settings, name, "") or "")
+
+
+def cloud_config(provider: str) -> CloudConfig:
+    """What the `provider` adapter is built from: its credentials and options, from settings."""
+    names = [v for variables in CLOUD_CREDENTIALS[provider] for v in variables]
+    names += CLOUD_OPTIONS.get(provider, ())
+    return CloudConfig(
+        installation=settings.SANDPIT_INSTALLATION,
+        values={name: credential(name) for name in names},
+    )
 
 
 def detected_cloud_providers() -> list[str]:
@@ -92,6 +106,7 @@ def _build_docker() -> SandboxProvider:
     return DockerProvider(
         image=settings.SANDPIT_DOCKER_IMAGE,
         installation=settings.SANDPIT_INSTALLATION,
+        base_url=settings.DOCKER_HOST,
         runtime=settings.SANDPIT_DOCKER_RUNTIME,
         gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
         agent_dir=settings.VAR_DIR / "docker-agents",
@@ -106,8 +121,8 @@ def _build_e2b() -> SandboxProvider:
 
     return E2BProvider(
         api_key=api_key,
-        template=os.environ.get("E2B_TEMPLATE", "base"),
-        domain=os.environ.get("E2B_DOMAIN") or None,
+        template=settings.E2B_TEMPLATE,
+        domain=settings.E2B_DOMAIN or None,
         installation=settings.SANDPIT_INSTALLATION,
     )
 
@@ -117,7 +132,8 @@ def _build_cloud(module: str, cls: str) -> Callable[[], SandboxProvider]:
         from importlib import import_module
 
         provider_cls = getattr(import_module(f".cloud.{module}", __name__), cls)
-        return provider_cls.from_env(installation=settings.SANDPIT_INSTALLATION)  # type: ignore[no-any-return]
+        provider: SandboxProvider = provider_cls.from_config(cloud_config(module))
+        return provider
 
     return build
 

@@ -223,7 +223,7 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class ExecEvent:
-    """One event of a streamed command (`SandboxProvider.exec_stream`)."""
+    """One event of a streamed command (`StreamingProvider.exec_stream`)."""
 
     type: str
     """'stdout', 'stderr' or 'exit' (always the last)."""
@@ -398,7 +398,7 @@ class SandboxProvider(Protocol):
         """Raises SandboxGone when it does not exist."""
         ...
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         """Every sandbox this provider (this installation) owns, including orphans."""
         ...
 
@@ -418,12 +418,6 @@ class SandboxProvider(Protocol):
 
     # execution
     def exec(self, provider_id: str, request: ExecRequest) -> ExecResult: ...
-
-    def exec_stream(self, provider_id: str, request: ExecRequest) -> ExecStream:
-        """Start `request` and stream it (see ExecStream). `request.stdin`, when given, is
-        written first; `timeout_s` kills the tree (exit event with timed_out);
-        `max_output_bytes` does not apply."""
-        ...
 
     def run_code(
         self,
@@ -500,6 +494,18 @@ class SandboxProvider(Protocol):
         self, provider_id: str, path: str, recursive: bool = True
     ) -> Iterator[list[FileEvent]]:
         """Blocking iterator of event batches until closed (generator .close())."""
+        ...
+
+
+@runtime_checkable
+class StreamingProvider(SandboxProvider, Protocol):
+    """A provider that streams a command itself (local, docker). Streamed runs on the others
+    go through a PTY and sandboxes/programs/exec_runner.py (see sandboxes/streaming.py)."""
+
+    def exec_stream(self, provider_id: str, request: ExecRequest) -> ExecStream:
+        """Start `request` and stream it (see ExecStream). `request.stdin`, when given, is
+        written first; `timeout_s` kills the tree (exit event with timed_out);
+        `max_output_bytes` does not apply."""
         ...
 
 

@@ -447,9 +447,9 @@ class E2BProvider:
             raise SandboxGone(f"Sandbox {provider_id} does not belong to this installation.")
         return self._handle(info)
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         query = self._sdk.SandboxQuery(metadata={"sandpit.installation": self.installation})
-        handles = []
+        handles: list[SandboxHandle] = []
         with self._translate():
             paginator = self._cls.list(query=query, **self._opts)
             while paginator.has_next:

@@ -138,7 +138,7 @@ def _destroy_leftover_sandboxes(root: Path) -> None:
         reset_providers()
         try:
             provider = get_provider("local")
-            for handle in provider.list():
+            for handle in provider.list_sandboxes():
                 provider.destroy(handle.provider_id)
         finally:
             reset_providers()

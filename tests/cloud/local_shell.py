@@ -52,7 +52,7 @@ class LocalShellProvider(ShellCloudProvider):
             self.name, provider_id, SandboxState.RUNNING, self.created[provider_id]
         )
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         return [self.get(p) for p in self.created]
 
     def destroy(self, provider_id: str) -> bool:

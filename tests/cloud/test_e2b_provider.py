@@ -31,7 +31,7 @@ ALL_CLOUD_VARIABLES = sorted({v for alts in CLOUD_CREDENTIALS.values() for a in 
 def no_cloud_credentials(monkeypatch, settings):  # type: ignore[no-untyped-def]
     for variable in ALL_CLOUD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    settings.E2B_API_KEY = ""
+        setattr(settings, variable, "")
     reset_providers()
     yield
     reset_providers()
@@ -191,13 +191,13 @@ def test_auto_detection_picks_e2b_when_only_its_key_is_set(settings, no_cloud_cr
     assert isinstance(get_provider("auto"), E2BProvider)
 
 
-def test_auto_detection_follows_the_seed_order(settings, monkeypatch, no_cloud_credentials):  # type: ignore[no-untyped-def]
+def test_auto_detection_follows_the_seed_order(settings, no_cloud_credentials):  # type: ignore[no-untyped-def]
     settings.SANDPIT_PROVIDERS = ["auto"]
     settings.E2B_API_KEY = "e2b_live_key"
-    monkeypatch.setenv("DAYTONA_API_KEY", "d")
-    monkeypatch.setenv("MODAL_TOKEN_ID", "id")
+    settings.DAYTONA_API_KEY = "d"
+    settings.MODAL_TOKEN_ID = "id"
     assert configured_provider_names() == ["e2b", "daytona"]  # Modal needs both variables
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", "secret")
+    settings.MODAL_TOKEN_SECRET = "secret"
     assert configured_provider_names() == ["modal", "e2b", "daytona"]
 
 

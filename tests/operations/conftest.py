@@ -62,7 +62,7 @@ def ops_providers(settings, ops_root, request):  # type: ignore[no-untyped-def]
     yield names
     for name in names:
         provider = get_provider(name)
-        for handle in provider.list():
+        for handle in provider.list_sandboxes():
             provider.destroy(handle.provider_id)
     reset_providers()
 
@@ -92,4 +92,4 @@ def make_sandbox(principal_a, ops_providers):  # type: ignore[no-untyped-def]
 
 
 def provider_has(provider_name: str, provider_id: str) -> bool:
-    return any(h.provider_id == provider_id for h in get_provider(provider_name).list())
+    return any(h.provider_id == provider_id for h in get_provider(provider_name).list_sandboxes())

@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV_HELPERS = {"env_str", "env_int", "env_bool", "env_list"}
 # Variables in the table that settings.py does not read, each with the program that does.
 READ_ELSEWHERE = {
-    "DOCKER_HOST": "the Docker SDK, through sandboxes/providers/docker.py",
     "SANDPIT_WORKER_CONCURRENCY": "docker/app/entrypoint.sh",
 }
 # Literal defaults the table describes in words instead of printing.

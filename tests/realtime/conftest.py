@@ -142,7 +142,7 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
     from sandboxes.providers.local import LocalProvider
 
     provider = LocalProvider(root_dir=root)
-    for handle in provider.list():
+    for handle in provider.list_sandboxes():
         provider.destroy(handle.provider_id)
 
 

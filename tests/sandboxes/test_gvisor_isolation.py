@@ -27,7 +27,7 @@ def docker_sandboxes(settings):  # type: ignore[no-untyped-def]
     reset_providers()
     yield
     provider = get_provider("docker")
-    for handle in provider.list():
+    for handle in provider.list_sandboxes():
         if handle.labels.get("sandpit.org"):
             provider.destroy(handle.provider_id)
     reset_providers()

@@ -302,7 +302,7 @@ def test_sandbox_whose_jail_died_is_listed_stopped_and_destroyable(local_provide
     while not stopped():
         assert time.monotonic() < end, "jail still reported running"
         time.sleep(0.02)
-    listed = {h.provider_id: h.state for h in local_provider.list()}
+    listed = {h.provider_id: h.state for h in local_provider.list_sandboxes()}
     assert listed[sandbox] == SandboxState.STOPPED
     with pytest.raises(SandboxGone):
         local_provider.exec(sandbox, ExecRequest(command="true"))

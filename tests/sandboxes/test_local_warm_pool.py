@@ -222,7 +222,7 @@ def test_destroying_a_claimed_jail_cleans_everything(warm_provider, make_warm):
 def test_list_shows_claimed_jails_and_hides_our_idle_ones(warm_provider, make_warm):
     sandbox = make_warm()
     assert warm_provider._pool.wait_full(30)
-    listed = {h.provider_id for h in warm_provider.list()}
+    listed = {h.provider_id for h in warm_provider.list_sandboxes()}
     assert sandbox in listed
     assert not any(pid.startswith(PREFIX) for pid in listed)
 
@@ -359,16 +359,16 @@ def test_another_live_processs_pool_is_hidden_then_reaped_when_it_dies():
     try:
         pool = _pool_dirs(jails)
         assert len(pool) == 2
-        assert provider.list() == []
+        assert provider.list_sandboxes() == []
         owner.kill()
         owner.wait(30)
-        listed = {h.provider_id: h for h in provider.list()}
+        listed = {h.provider_id: h for h in provider.list_sandboxes()}
         assert set(listed) == pool  # the reconciler destroys these as orphans
         assert all(not h.labels for h in listed.values())
         for provider_id in pool:
             assert provider.destroy(provider_id)
         assert _pool_dirs(jails) == set()
-        assert provider.list() == []
+        assert provider.list_sandboxes() == []
     finally:
         if owner.poll() is None:
             owner.kill()
@@ -386,7 +386,7 @@ def test_a_crashed_owners_jails_stop_waiting_for_their_configuration():
     owner.wait(30)
     provider = LocalProvider(root_dir=jails)
     try:
-        handles = provider.list()
+        handles = provider.list_sandboxes()
         assert len(handles) == 2
         # the agent saw EOF on its configuration pipe and answers with its defaults
         assert {h.state for h in handles} == {SandboxState.RUNNING}

@@ -318,7 +318,7 @@ def test_get_list_destroy_lifecycle(provider):
         assert handle.state == SandboxState.RUNNING
         got = provider.get(handle.provider_id)
         assert got.state == SandboxState.RUNNING
-        assert handle.provider_id in {h.provider_id for h in provider.list()}
+        assert handle.provider_id in {h.provider_id for h in provider.list_sandboxes()}
     finally:
         assert provider.destroy(handle.provider_id) is True
     assert provider.destroy(handle.provider_id) is False
@@ -326,7 +326,7 @@ def test_get_list_destroy_lifecycle(provider):
         provider.get(handle.provider_id)
     with pytest.raises(SandboxGone):
         provider.exec(handle.provider_id, ExecRequest(command="true"))
-    assert handle.provider_id not in {h.provider_id for h in provider.list()}
+    assert handle.provider_id not in {h.provider_id for h in provider.list_sandboxes()}
 
 
 def test_stats_fields_are_sane(provider, sandbox):

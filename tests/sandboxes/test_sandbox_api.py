@@ -336,7 +336,7 @@ def test_one_shot_run_verdicts(api_a, local_sandboxes):
         == "memory_limit"
     )
     assert Sandbox.objects.filter(state="running").count() == 0
-    assert local_sandboxes.list() == []
+    assert local_sandboxes.list_sandboxes() == []
     assert_error(api_a.post("/api/v1/run", {"code": "1", "command": "x"}, format="json"), 400)
 
 

@@ -24,7 +24,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import import_sdk, require_env
+from sandboxes.providers.cloud.common import CloudConfig, import_sdk
 from sandboxes.providers.cloud.shell import ShellCloudProvider, label_filter
 
 _DEFAULT_IMAGE = "blaxel/base-image:latest"
@@ -42,9 +42,9 @@ class BlaxelProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> BlaxelProvider:
-        require_env(["BL_API_KEY", "BL_WORKSPACE"], "blaxel")
-        return cls(installation)
+    def from_config(cls, config: CloudConfig) -> BlaxelProvider:
+        config.require(["BL_API_KEY", "BL_WORKSPACE"], "blaxel")
+        return cls(config.installation)
 
     @contextlib.contextmanager
     def _translate(self, provider_id: str | None = None) -> Iterator[None]:
@@ -100,7 +100,7 @@ class BlaxelProvider(ShellCloudProvider):
     def get(self, provider_id: str) -> SandboxHandle:
         return self._handle(self._sandbox(provider_id))
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         with self._translate():
             return [
                 self._handle(i)

@@ -11,7 +11,6 @@ CodeSandbox itself; the request shapes follow the API the TypeScript SDK calls
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import require_env
+from sandboxes.providers.cloud.common import CloudConfig
 from sandboxes.providers.cloud.shell import ShellCloudProvider
 
 API = "https://api.codesandbox.io"
@@ -51,11 +50,11 @@ class CodeSandboxProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> CodeSandboxProvider:
-        key = os.environ.get("CSB_API_KEY") or os.environ.get("CODESANDBOX_TOKEN")
+    def from_config(cls, config: CloudConfig) -> CodeSandboxProvider:
+        key = config.get("CSB_API_KEY") or config.get("CODESANDBOX_TOKEN")
         if not key:
-            require_env(["CSB_API_KEY"], "codesandbox")
-        return cls(str(key), installation)
+            config.require(["CSB_API_KEY"], "codesandbox")
+        return cls(key, config.installation)
 
     @contextlib.contextmanager
     def _translate(self, provider_id: str | None = None) -> Iterator[None]:
@@ -113,7 +112,7 @@ class CodeSandboxProvider(ShellCloudProvider):
             raise SandboxGone(f"Sandbox {provider_id} does not belong to this installation.")
         return self._handle(data, SandboxState.RUNNING)
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         with self._translate():
             data = self._request("GET", "/sandbox", params={"tags": self._tag()})
         return [self._handle(s, SandboxState.RUNNING) for s in data.get("sandboxes", [])]

@@ -9,11 +9,11 @@ lexical; adapters that can run a command add a `realpath` check for symlinks.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import shlex
 import signal
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import import_module
 from types import ModuleType
 
@@ -59,15 +59,29 @@ def exit_code_from(code: int, error: str | None) -> int:
     return code
 
 
-def require_env(variables: Sequence[str], provider: str) -> dict[str, str]:
-    """The named environment variables; ProviderNotConfigured naming the missing ones."""
-    missing = [name for name in variables if not os.environ.get(name)]
-    if missing:
-        raise ProviderNotConfigured(
-            f"The {provider} provider needs the {' and '.join(missing)} environment "
-            f"variable{'s' if len(missing) > 1 else ''}."
-        )
-    return {name: os.environ[name] for name in variables}
+@dataclass(frozen=True)
+class CloudConfig:
+    """What the registry builds a cloud adapter from (adapters never read the environment)."""
+
+    installation: str = "default"
+    """The label scoping the sandboxes this installation owns."""
+    values: Mapping[str, str] = field(default_factory=dict)
+    """The adapter's settings by their variable name (E2B_API_KEY, DAYTONA_API_URL...);
+    '' or missing when unset."""
+
+    def get(self, name: str, default: str = "") -> str:
+        """The setting `name`, or `default` when it is unset or empty."""
+        return self.values.get(name) or default
+
+    def require(self, variables: Sequence[str], provider: str) -> dict[str, str]:
+        """The named settings; ProviderNotConfigured naming the missing ones."""
+        missing = [name for name in variables if not self.get(name)]
+        if missing:
+            raise ProviderNotConfigured(
+                f"The {provider} provider needs the {' and '.join(missing)} environment "
+                f"variable{'s' if len(missing) > 1 else ''}."
+            )
+        return {name: self.values[name] for name in variables}
 
 
 def import_sdk(module: str, extra: str, provider: str) -> ModuleType:

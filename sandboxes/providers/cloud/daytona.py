@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import check_env, import_sdk, require_env
+from sandboxes.providers.cloud.common import CloudConfig, check_env, import_sdk
 from sandboxes.providers.cloud.shell import ShellCloudProvider, label_filter
 
 DEFAULT_API_URL = "https://app.daytona.io/api"
@@ -47,9 +46,9 @@ class DaytonaProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> DaytonaProvider:
-        key = require_env(["DAYTONA_API_KEY"], "daytona")["DAYTONA_API_KEY"]
-        return cls(key, installation, os.environ.get("DAYTONA_API_URL") or DEFAULT_API_URL)
+    def from_config(cls, config: CloudConfig) -> DaytonaProvider:
+        key = config.require(["DAYTONA_API_KEY"], "daytona")["DAYTONA_API_KEY"]
+        return cls(key, config.installation, config.get("DAYTONA_API_URL", DEFAULT_API_URL))
 
     @contextlib.contextmanager
     def _translate(self, provider_id: str | None = None) -> Iterator[None]:
@@ -107,7 +106,7 @@ class DaytonaProvider(ShellCloudProvider):
     def get(self, provider_id: str) -> SandboxHandle:
         return self._handle(self._sandbox(provider_id))
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         query = self._sdk.ListSandboxesQuery(labels={"sandpit.installation": self.installation})
         with self._translate():
             return [self._handle(sb) for sb in self._client.list(query)]

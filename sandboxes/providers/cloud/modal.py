@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,7 +24,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import check_env, import_sdk, require_env
+from sandboxes.providers.cloud.common import CloudConfig, check_env, import_sdk
 from sandboxes.providers.cloud.shell import ShellCloudProvider
 
 
@@ -44,13 +43,13 @@ class ModalProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> ModalProvider:
-        creds = require_env(["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"], "modal")
+    def from_config(cls, config: CloudConfig) -> ModalProvider:
+        creds = config.require(["MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"], "modal")
         return cls(
             creds["MODAL_TOKEN_ID"],
             creds["MODAL_TOKEN_SECRET"],
-            os.environ.get("MODAL_APP_NAME", "sandpit"),
-            installation,
+            config.get("MODAL_APP_NAME", "sandpit"),
+            config.installation,
         )
 
     @contextlib.contextmanager
@@ -132,7 +131,7 @@ class ModalProvider(ShellCloudProvider):
                 raise SandboxGone(f"Sandbox {provider_id} has finished.")
             return self._handle(sandbox, dict(sandbox.get_tags()))
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         tags = {"sandpit.installation": self.installation}
         with self._translate():
             app = self._app()

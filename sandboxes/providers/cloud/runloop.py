@@ -24,7 +24,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import check_env, import_sdk, require_env
+from sandboxes.providers.cloud.common import CloudConfig, check_env, import_sdk
 from sandboxes.providers.cloud.shell import ShellCloudProvider, label_filter
 
 
@@ -41,8 +41,9 @@ class RunloopProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> RunloopProvider:
-        return cls(require_env(["RUNLOOP_API_KEY"], "runloop")["RUNLOOP_API_KEY"], installation)
+    def from_config(cls, config: CloudConfig) -> RunloopProvider:
+        key = config.require(["RUNLOOP_API_KEY"], "runloop")["RUNLOOP_API_KEY"]
+        return cls(key, config.installation)
 
     @contextlib.contextmanager
     def _translate(self, provider_id: str | None = None) -> Iterator[None]:
@@ -97,7 +98,7 @@ class RunloopProvider(ShellCloudProvider):
     def get(self, provider_id: str) -> SandboxHandle:
         return self._handle(self._devbox(provider_id))
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         with self._translate():
             return [
                 self._handle(d)

@@ -10,7 +10,6 @@ get_sandbox, query_sandboxes, SyncSandbox.run_process/stop.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,7 +24,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import check_env, import_sdk, require_env
+from sandboxes.providers.cloud.common import CloudConfig, check_env, import_sdk
 from sandboxes.providers.cloud.shell import ShellCloudProvider, label_filter
 
 
@@ -41,10 +40,10 @@ class VercelProvider(ShellCloudProvider):
         self.installation = installation
 
     @classmethod
-    def from_env(cls, installation: str = "default") -> VercelProvider:
-        if not os.environ.get("VERCEL_OIDC_TOKEN"):
-            require_env(["VERCEL_TOKEN", "VERCEL_TEAM_ID", "VERCEL_PROJECT_ID"], "vercel")
-        return cls(installation)
+    def from_config(cls, config: CloudConfig) -> VercelProvider:
+        if not config.get("VERCEL_OIDC_TOKEN"):
+            config.require(["VERCEL_TOKEN", "VERCEL_TEAM_ID", "VERCEL_PROJECT_ID"], "vercel")
+        return cls(config.installation)
 
     @contextlib.contextmanager
     def _translate(self, provider_id: str | None = None) -> Iterator[None]:
@@ -97,7 +96,7 @@ class VercelProvider(ShellCloudProvider):
     def get(self, provider_id: str) -> SandboxHandle:
         return self._handle(self._sandbox(provider_id))
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         with self._translate():
             return [
                 self._handle(sb)

@@ -342,7 +342,7 @@ class Workspace:
             return False
         return True
 
-    def list(self, path: str, recursive: bool = False) -> list[FileEntry]:
+    def list_entries(self, path: str, recursive: bool = False) -> list[FileEntry]:
         fd, parts = self.open_dir(path)
         out: list[FileEntry] = []
         try:

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypedDict
 
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import (
@@ -404,9 +405,9 @@ class LocalProvider:
                 slirp.kill()
             raise
         finally:
-            for fd in (info_r, block_w, ready_r, slirp_ready):
-                if fd is not None:
-                    os.close(fd)
+            for leftover in (info_r, block_w, ready_r, slirp_ready):
+                if leftover is not None:
+                    os.close(leftover)
         return SandboxHandle(
             provider=self.name,
             provider_id=spec.sandbox_id,
@@ -467,7 +468,7 @@ class LocalProvider:
         """RUNNING when the jail is alive and its agent answers; raises SandboxGone."""
         return self._handle(provider_id, ping=True)
 
-    def list(self) -> list[SandboxHandle]:
+    def list_sandboxes(self) -> list[SandboxHandle]:
         """Every sandbox directory under root_dir, including ones whose jail died, and
         the unclaimed warm jails of processes that died (never those of a live one)."""
         out = []
@@ -758,7 +759,7 @@ class LocalProvider:
         return self._workspace(provider_id).mkdir(path)
 
     def list_files(self, provider_id: str, path: str, recursive: bool = False) -> list[FileEntry]:
-        return self._workspace(provider_id).list(path, recursive)
+        return self._workspace(provider_id).list_entries(path, recursive)
 
     def stat(self, provider_id: str, path: str) -> FileEntry:
         return self._workspace(provider_id).stat(path)
@@ -1119,7 +1120,13 @@ def _hand_over_dirs(sdir: Path, host_uid: int) -> None:
         os.chmod(path, mode)
 
 
-def _run_as(host_uid: int) -> dict[str, object]:
+class _RunAs(TypedDict, total=False):
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _run_as(host_uid: int) -> _RunAs:
     """Popen arguments that start bwrap as `host_uid` (no supplementary groups), when
     that is not who we are already."""
     if host_uid == os.geteuid():
