@@ -100,6 +100,7 @@ def _organization_data(org: Organization) -> dict[str, object]:
         "slug": org.slug,
         "plan": org.plan,
         "allow_network": org.allow_network,
+        "docker_runtime": org.docker_runtime,
     }
 
 
@@ -108,8 +109,17 @@ class OrganizationApi(APIView):
 
     class OrganizationUpdateInput(InputSerializer):
         allow_network = serializers.BooleanField(
+            required=False,
             help_text="Whether new sandboxes may ask for outbound network "
-            '(POST /sandboxes {"network": true}). Off by default; owners only.'
+            '(POST /sandboxes {"network": true}). Off by default; owners only.',
+        )
+        docker_runtime = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            help_text='Docker runtime for new docker sandboxes: "runsc" requires gVisor for '
+            "every sandbox of the organization (sandboxes on other providers are refused), "
+            '"runc" opts out, "" (the default) follows the installation\'s '
+            "SANDPIT_DOCKER_RUNTIME. Owners only.",
         )
 
         def to_internal_value(self, data: Any) -> Any:
@@ -117,7 +127,23 @@ class OrganizationApi(APIView):
             value = data.get("allow_network") if isinstance(data, dict) else None
             if value is not None and not isinstance(value, bool):
                 raise serializers.ValidationError({"allow_network": ["Must be true or false."]})
+            runtime = data.get("docker_runtime") if isinstance(data, dict) else None
+            if runtime is not None and runtime not in services.DOCKER_RUNTIMES:
+                raise serializers.ValidationError(
+                    {
+                        "docker_runtime": [
+                            'Must be "" (the installation\'s default), "runc" or "runsc" (gVisor).'
+                        ]
+                    }
+                )
             return super().to_internal_value(data)
+
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            if not attrs:
+                raise serializers.ValidationError(
+                    "Nothing to change: send allow_network, docker_runtime or both."
+                )
+            return attrs
 
     def get_permissions(self):  # type: ignore[no-untyped-def]
         if self.request.method == "PATCH":
@@ -133,10 +159,11 @@ class OrganizationApi(APIView):
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         assert principal.user is not None  # IsOrganizationManager: a signed-in person
-        organization = services.organization_network_set(
+        organization = services.organization_settings_set(
             actor=principal.user,
             organization=principal.organization,
-            allow_network=data.validated_data["allow_network"],
+            allow_network=data.validated_data.get("allow_network"),
+            docker_runtime=data.validated_data.get("docker_runtime"),
         )
         return Response(_organization_data(organization))
 

@@ -152,19 +152,57 @@ def membership_require_manager(*, user: User, organization: Organization) -> Mem
     return membership
 
 
-def organization_network_set(
-    *, actor: User, organization: Organization, allow_network: bool
+DOCKER_RUNTIMES = ("", "runc", "runsc")
+"""Values of Organization.docker_runtime: '' follows SANDPIT_DOCKER_RUNTIME, 'runsc' requires
+gVisor, 'runc' opts out of it."""
+
+
+def organization_settings_set(
+    *,
+    actor: User,
+    organization: Organization,
+    allow_network: bool | None = None,
+    docker_runtime: str | None = None,
 ) -> Organization:
-    """Allow or forbid outbound network for the organization's new sandboxes (running ones
-    keep what they were created with). Owners only: network lets sandbox code reach the
-    internet on the organization's behalf. Raises Forbidden 'role_required'."""
+    """Change the organization's sandbox policy; None leaves a setting as it is. Both apply
+    to new sandboxes only (running ones keep what they were created with).
+
+    `allow_network`: whether new sandboxes may ask for outbound network. `docker_runtime`:
+    one of DOCKER_RUNTIMES ('runsc' puts every docker sandbox under gVisor and refuses the
+    organization's sandboxes elsewhere). Owners only: network lets sandbox code reach the
+    internet on the organization's behalf, and isolation is the owner's risk to choose.
+    Raises Forbidden 'role_required', ApplicationError 'validation_error' for an unknown
+    runtime, Conflict 'gvisor_unavailable' for 'runsc' where the docker provider is not
+    enabled. Returns the organization as saved.
+    """
     membership = Membership.objects.filter(user=actor, organization=organization).first()
     if membership is None or membership.role != Role.OWNER:
         raise Forbidden(
-            "Only organization owners can change the network setting.", code="role_required"
+            "Only organization owners can change the network and isolation settings.",
+            code="role_required",
         )
-    Organization.objects.filter(pk=organization.pk).update(allow_network=allow_network)
-    organization.allow_network = allow_network
+    changes: dict[str, object] = {}
+    if allow_network is not None:
+        changes["allow_network"] = allow_network
+    if docker_runtime is not None:
+        if docker_runtime not in DOCKER_RUNTIMES:
+            raise ApplicationError(
+                f"Unknown docker runtime '{docker_runtime}': use \"\" (the installation's "
+                'default), "runc" or "runsc" (gVisor).',
+                code="validation_error",
+            )
+        if docker_runtime == "runsc" and "docker" not in settings.SANDPIT_PROVIDERS:
+            # Requiring gVisor here would refuse every sandbox the organization asks for.
+            raise Conflict(
+                "gVisor runs through the docker provider, which this installation does not "
+                "enable (SANDPIT_PROVIDERS); ask an operator to enable it first.",
+                code="gvisor_unavailable",
+            )
+        changes["docker_runtime"] = docker_runtime
+    if changes:
+        Organization.objects.filter(pk=organization.pk).update(**changes)
+        for field, value in changes.items():
+            setattr(organization, field, value)
     return organization
 
 

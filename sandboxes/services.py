@@ -206,7 +206,9 @@ def sandbox_create(
     runtime = organization.docker_runtime if provider.name == "docker" else ""
     if organization.docker_runtime == "runsc" and provider.name != "docker":
         raise Forbidden(
-            "This organization requires gVisor isolation: use the docker provider.",
+            "This organization requires gVisor isolation: use the docker provider. An owner "
+            "can change this on the Team page or with PATCH /api/v1/organization "
+            '{"docker_runtime": ""}.',
             code="gvisor_required",
         )
     resolved = resources_from_request(resources)

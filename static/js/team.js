@@ -230,4 +230,26 @@ if (networkToggle) {
     }
   });
 }
+const runtimeSelect = $("runtime-select");
+if (runtimeSelect) {
+  let saved = runtimeSelect.value;
+  runtimeSelect.addEventListener("change", async () => {
+    try {
+      const org = await api("organization", { method: "PATCH", body: { docker_runtime: runtimeSelect.value } });
+      saved = org.docker_runtime;
+      runtimeSelect.value = saved;
+      $("runtime-result").replaceChildren();
+      toast(
+        saved === "runsc"
+          ? "New docker sandboxes run under gVisor."
+          : saved === "runc"
+            ? "New docker sandboxes run as plain containers."
+            : "New docker sandboxes follow the installation's default.",
+      );
+    } catch (err) {
+      runtimeSelect.value = saved;
+      showError($("runtime-result"), err);
+    }
+  });
+}
 loadMembers();
