@@ -20,6 +20,12 @@ from django.http.request import is_same_domain, split_domain_port, validate_host
 
 from e2bcompat.asgi import E2BRouter  # noqa: E402
 from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
+from sandboxes.preview import (  # noqa: E402
+    HOST_TARGET,
+    PreviewWebSocketProxy,
+    preview_host_target,
+    scope_host,
+)
 from sandboxes.routing import http_app, websocket_urlpatterns  # noqa: E402
 
 Origin = tuple[str, str, int]
@@ -151,9 +157,36 @@ def origin_checked(app: Any) -> Any:
     return BrowserOriginValidator(app)
 
 
+class PreviewHostSockets:
+    """WebSockets addressed to a preview host (`<port>-<id>.<preview domain>`) go to the
+    preview proxy, whatever their path; the rest to `app`. A browser's Origin must be the
+    preview host's own origin: not Sandpit's, not CSRF_TRUSTED_ORIGINS (a wildcard there may
+    cover the preview domain), and not a sibling preview, which is same-site and so would
+    send this host's SameSite=Lax preview cookie."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.preview = PreviewWebSocketProxy()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        target = preview_host_target(scope_host(scope))
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        origin = _headers(scope).get("origin")
+        if not isinstance(target, tuple) or (
+            origin is not None and _parse_origin(origin) not in server_origins(scope)
+        ):
+            await WebsocketDenier()(scope, receive, send)
+            return
+        await self.preview({**scope, HOST_TARGET: target}, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
         "http": E2BRouter(http_app(django_asgi_app)),
-        "websocket": origin_checked(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": PreviewHostSockets(
+            origin_checked(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+        ),
     }
 )

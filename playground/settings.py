@@ -366,6 +366,27 @@ SANDPIT_PORT = env_int("SANDPIT_PORT", 8000)
 SANDPIT_DEMO_EMAIL = env_str("SANDPIT_DEMO_EMAIL", "demo@sandpit.local")
 SANDPIT_DEMO_PASSWORD = env_str("SANDPIT_DEMO_PASSWORD", "sandpit-demo")
 
+# --- Port previews (sandboxes/preview.py) -------------------------------------------------
+# Each preview on its own origin, `<port>-<sandbox id>.<domain>`, so a page's absolute URLs
+# (`/app.js`) stay in the preview and its cookies and storage are not Sandpit's. Development
+# defaults to `localhost:<SANDPIT_PORT>` (browsers resolve every *.localhost to loopback);
+# production needs a wildcard DNS record and certificate (README, Port previews); empty
+# turns the host form off. The scheme of the URLs the API gives out follows the mode.
+SANDPIT_PREVIEW_DOMAIN = env_str(
+    "SANDPIT_PREVIEW_DOMAIN", "" if PRODUCTION else f"localhost:{SANDPIT_PORT}"
+).lower()
+SANDPIT_PREVIEW_SCHEME = env_str("SANDPIT_PREVIEW_SCHEME", "https" if PRODUCTION else "http")
+# The older path form, /sandboxes/<id>/ports/<port>/ on Sandpit's own origin (absolute URLs
+# in a page escape it): on unless turned off, and what the API gives out without a domain.
+SANDPIT_PREVIEW_PATHS = env_bool("SANDPIT_PREVIEW_PATHS", True)
+# Path-form previews share Sandpit's origin, so their pages run in an opaque origin.
+SANDPIT_PREVIEW_CSP_SANDBOX = env_bool("SANDPIT_PREVIEW_CSP_SANDBOX", True)
+for _preview_domain in (SANDPIT_PREVIEW_DOMAIN, SANDPIT_E2B_DOMAIN.lower()):
+    # WebSockets on a preview host pass the Origin check against their own host; plain HTTP
+    # there never reaches Django (the preview router answers every request to that domain).
+    if _preview_domain and "." + _preview_domain.rsplit(":", 1)[0] not in ALLOWED_HOSTS:
+        ALLOWED_HOSTS.append("." + _preview_domain.rsplit(":", 1)[0])
+
 # --- Billing ----------------------------------------------------------------------------
 SANDPIT_FREE_MONTHLY_EXECUTIONS = env_int("SANDPIT_FREE_MONTHLY_EXECUTIONS", 1000)
 METRICS_TOKEN = env_str("SANDPIT_METRICS_TOKEN")

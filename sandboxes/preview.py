@@ -1,4 +1,12 @@
-"""Port previews: /sandboxes/<id>/ports/<port>/... proxied to a server inside the sandbox.
+"""Port previews: a server inside a sandbox, proxied on its own host or under a path.
+
+Two forms. The host form, `<port>-<sandbox id>.<SANDPIT_PREVIEW_DOMAIN>` (and the same under
+SANDPIT_E2B_DOMAIN, which is E2B's `get_host(port)`), gives each preview its own origin: a
+page's absolute URLs (`<script src="/app.js">`) stay in the preview, and the browser keeps its
+cookies and storage apart from Sandpit's. The path form, /sandboxes/<id>/ports/<port>/... on
+Sandpit's own origin (SANDPIT_PREVIEW_PATHS), is kept for deployments without a wildcard
+domain. What follows describes the path form; the host form differs where noted under "Host
+form" below.
 
 HTTP and WebSocket are relayed over provider.connect_port (works without sandbox network),
 bodies streamed both ways. The prefix is stripped before forwarding (the app sees "/..."),
@@ -24,6 +32,19 @@ an opaque origin and cannot call Sandpit's API with the viewer's session. Deploy
 serve previews from a separate origin can turn that off (SANDPIT_PREVIEW_CSP_SANDBOX=False).
 Headers whose effect reaches beyond the one response (ORIGIN_WIDE_HEADERS, and upstream
 cookies named like Sandpit's own) are dropped, and every response is `Cache-Control: private`.
+
+Host form: the preview host never receives Sandpit's session cookie (host-only on Sandpit's
+own host), and the browser session is not accepted there even if a shared cookie domain sent
+it. The first visit carries `?token=` (a sandbox token with the 'ports' scope): a GET or HEAD
+with it is answered by a redirect to the same URL without the token, setting the preview
+cookie host-only (no Domain), Path=/, HttpOnly, SameSite=Lax; later requests authenticate by
+that cookie (or an Authorization header), re-checked on every request. No prefix is added to
+Location or Set-Cookie; an upstream cookie's Domain is still dropped (host-only), so one
+preview cannot set cookies for its sibling previews. No CSP sandbox: the page is already
+cross-origin to Sandpit (it cannot read Sandpit's cookies, storage or API responses), and an
+opaque origin would break the very things the host form is for (its own cookies, storage and
+same-origin module scripts). Unsafe methods by cookie must come from the preview's own origin;
+a WebSocket's Origin must be the preview's own origin (playground/asgi.py).
 """
 
 from __future__ import annotations
@@ -64,6 +85,11 @@ logger = logging.getLogger(__name__)
 PREVIEW_PATH = re.compile(
     r"^/sandboxes/(?P<sandbox_id>[A-Za-z0-9_-]{1,40})/ports/(?P<port>[0-9]{1,5})(?P<rest>/.*)?$"
 )
+PREVIEW_HOST = re.compile(
+    r"^(?P<port>[0-9]{1,5})-(?P<sandbox_id>[A-Za-z0-9_-]{1,40})\.(?P<domain>.+)$"
+)
+HOST_TARGET = "sandpit.preview_target"
+"""Scope key: (sandbox id, port) of a request addressed to a preview host."""
 COOKIE_NAME = "sandpit_preview"
 PREVIEW_TOKEN_TTL_S = 3600
 HOP_BY_HOP = frozenset(
@@ -119,6 +145,48 @@ HEAD_LIMIT_BYTES = 64 * 1024
 
 def csp_sandbox_enabled() -> bool:
     return bool(getattr(settings, "SANDPIT_PREVIEW_CSP_SANDBOX", True))
+
+
+def preview_paths_enabled() -> bool:
+    return bool(getattr(settings, "SANDPIT_PREVIEW_PATHS", True))
+
+
+def _domain_name(domain: str) -> str:
+    return domain.lower().rsplit(":", 1)[0]
+
+
+def preview_domains() -> tuple[str, ...]:
+    """Host names (no port) under which previews answer: Sandpit's and the E2B layer's."""
+    configured = (
+        getattr(settings, "SANDPIT_PREVIEW_DOMAIN", ""),
+        getattr(settings, "SANDPIT_E2B_DOMAIN", ""),
+    )
+    return tuple(_domain_name(d) for d in configured if d)
+
+
+def preview_host_target(host: str) -> tuple[str, int] | None | bool:
+    """For a Host header: (sandbox id, port) of a `<port>-<id>.<domain>` preview host; False
+    for any other name under a preview domain (answered 404, never by Sandpit's pages); None
+    for a host that is not a preview's."""
+    name = host.lower() if host.endswith("]") else host.lower().rsplit(":", 1)[0]
+    for domain in preview_domains():
+        if not name.endswith("." + domain):
+            continue
+        match = PREVIEW_HOST.match(name)
+        if match is None or match["domain"] != domain:
+            return False
+        return match["sandbox_id"], int(match["port"])
+    return None
+
+
+def preview_url(sandbox_id: str, port: int) -> str:
+    """Where a viewer opens a port: its own host when a preview domain is configured, else
+    the path on Sandpit's origin."""
+    domain = getattr(settings, "SANDPIT_PREVIEW_DOMAIN", "")
+    if domain:
+        scheme = getattr(settings, "SANDPIT_PREVIEW_SCHEME", "http")
+        return f"{scheme}://{port}-{sandbox_id}.{domain}/"
+    return f"/sandboxes/{sandbox_id}/ports/{port}/"
 
 
 def _headers(scope: dict[str, Any]) -> list[tuple[str, str]]:
@@ -182,16 +250,18 @@ def _cache_control(upstream: str | None) -> str:
 def _rewrite_set_cookie(value: str, prefix: str) -> str | None:
     """Pin the sandbox's cookies under its preview path so it can never set cookies for
     the rest of Sandpit (a 'sessionid' for '/', say); None (drop it) for a cookie named
-    like one of Sandpit's own, which would shadow or replace the viewer's under the prefix."""
+    like one of Sandpit's own, which would shadow or replace the viewer's under the prefix.
+    On a preview host (prefix ""), the path stays the app's, and the Domain goes: a cookie
+    for the parent domain would reach every other preview."""
     if value.split(";", 1)[0].partition("=")[0].strip() in _own_cookie_names():
         return None
     parts = [p for p in value.split(";") if p.strip()]
+    dropped = ("path", "domain") if prefix else ("domain",)
     kept = [parts[0].strip()] + [
-        p.strip()
-        for p in parts[1:]
-        if p.strip().partition("=")[0].strip().lower() not in ("path", "domain")
+        p.strip() for p in parts[1:] if p.strip().partition("=")[0].strip().lower() not in dropped
     ]
-    kept.append(f"Path={prefix}/")
+    if prefix:
+        kept.append(f"Path={prefix}/")
     return "; ".join(kept)
 
 
@@ -204,7 +274,7 @@ def _rewrite_location(value: str, prefix: str, port: int) -> str:
         if value.startswith(origin):
             value = value[len(origin) :] or "/"
             break
-    if value.startswith("/") and not value.startswith("//"):
+    if prefix and value.startswith("/") and not value.startswith("//"):
         return prefix + value
     return value
 
@@ -301,13 +371,22 @@ async def _open_port(
 
 
 class PreviewHttpProxy:
-    """ASGI app for http scopes under /sandboxes/<id>/ports/<port>/."""
+    """ASGI app for http scopes of a preview: under /sandboxes/<id>/ports/<port>/, or on a
+    preview host (HOST_TARGET in the scope, set by PreviewRouter)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        match = PREVIEW_PATH.match(scope["path"])
-        assert match is not None
-        sandbox_id, port, rest = match["sandbox_id"], int(match["port"]), match["rest"]
-        prefix = f"/sandboxes/{sandbox_id}/ports/{port}"
+        target = scope.get(HOST_TARGET)
+        if target is not None:
+            sandbox_id, port = target
+            rest: str | None = scope["path"] or "/"
+            prefix = ""
+            # No browser session on a preview host (see the module docstring).
+            scope = {k: v for k, v in scope.items() if k not in ("user", "session")}
+        else:
+            match = PREVIEW_PATH.match(scope["path"])
+            assert match is not None
+            sandbox_id, port, rest = match["sandbox_id"], int(match["port"]), match["rest"]
+            prefix = f"/sandboxes/{sandbox_id}/ports/{port}"
         if not 0 < port < 65536:
             await _send_json(send, 404, "not_found", "No such port.")
             return
@@ -346,6 +425,23 @@ class PreviewHttpProxy:
         header_map = dict(headers)
         set_cookie: str | None = None
         query_token = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("token")
+        if query_token and not prefix and scope["method"] in ("GET", "HEAD"):
+            # The token leaves the address bar (and the app's logs and Referer) at once.
+            clean = rest + ("?" + urlencode(query) if query else "")
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 302,
+                    "headers": [
+                        (b"location", clean.encode("latin-1")),
+                        (b"set-cookie", _preview_cookie(scope, query_token, "").encode()),
+                        (b"cache-control", b"no-store"),
+                        (b"referrer-policy", b"no-referrer"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
         if query_token:
             set_cookie = _preview_cookie(scope, query_token, prefix)
         elif "authorization" not in header_map and _cross_site_unsafe(scope, header_map):
@@ -353,8 +449,8 @@ class PreviewHttpProxy:
                 send,
                 403,
                 "cross_site_request",
-                "A preview authenticated by cookie accepts unsafe methods only from Sandpit's "
-                "own origin; send ?token= or an Authorization header.",
+                "A preview authenticated by cookie accepts unsafe methods only from its own "
+                "origin; send ?token= or an Authorization header.",
             )
             return
         # Counted once connected, before the answer leaves; one exemption (_exempt_subresource).
@@ -416,9 +512,10 @@ class PreviewHttpProxy:
             f"X-Forwarded-For: {client[0]}",
             f"X-Forwarded-Proto: {scope.get('scheme', 'http')}",
             f"X-Forwarded-Host: {dict(headers).get('host', '')}",
-            f"X-Forwarded-Prefix: {prefix}",
             "Connection: close",
         ]
+        if prefix:
+            out.append(f"X-Forwarded-Prefix: {prefix}")
         if chunked_body:
             out.append("Transfer-Encoding: chunked")
         writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
@@ -477,6 +574,8 @@ class PreviewHttpProxy:
                 name, _, value = line.partition(":")
                 response_headers.append((name.strip().lower(), value.strip()))
         listed = _connection_listed(response_headers)
+        # Only the path form shares Sandpit's origin (module docstring, "Host form").
+        sandboxed = bool(prefix) and csp_sandbox_enabled()
         chunked = any(
             n == "transfer-encoding" and "chunked" in v.lower() for n, v in response_headers
         )
@@ -496,12 +595,12 @@ class PreviewHttpProxy:
                 if rewritten is None:
                     continue
                 value = rewritten
-            elif name == "content-security-policy" and csp_sandbox_enabled():
+            elif name == "content-security-policy" and sandboxed:
                 continue
             out.append((name.encode("latin-1"), value.encode("latin-1")))
         upstream_cache = next((v for n, v in response_headers if n == "cache-control"), None)
         out.append((b"cache-control", _cache_control(upstream_cache).encode()))
-        if csp_sandbox_enabled():
+        if sandboxed:
             out.append((b"content-security-policy", CSP_SANDBOX.encode()))
         out.append((b"x-content-type-options", b"nosniff"))
         if set_cookie:
@@ -544,15 +643,22 @@ async def _wait_disconnect(receive: Any) -> None:
 
 class PreviewWebSocketProxy:
     """ASGI app for websocket scopes under /sandboxes/<id>/ports/<port>/ (behind the Origin
-    validator and the session middleware of playground/asgi.py)."""
+    validator and the session middleware of playground/asgi.py), or on a preview host
+    (HOST_TARGET in the scope; no session there, and the Origin must be the host's own)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        match = PREVIEW_PATH.match(scope["path"])
-        if match is None:
-            await send({"type": "websocket.close", "code": 4404})
-            return
-        sandbox_id, port = match["sandbox_id"], int(match["port"])
-        rest = match["rest"] or "/"
+        target = scope.get(HOST_TARGET)
+        if target is not None:
+            sandbox_id, port = target
+            rest = scope["path"] or "/"
+            scope = {k: v for k, v in scope.items() if k not in ("user", "session")}
+        else:
+            match = PREVIEW_PATH.match(scope["path"])
+            if match is None or not preview_paths_enabled():
+                await send({"type": "websocket.close", "code": 4404})
+                return
+            sandbox_id, port = match["sandbox_id"], int(match["port"])
+            rest = match["rest"] or "/"
         message = await receive()
         if message["type"] != "websocket.connect":
             return
@@ -634,12 +740,29 @@ class PreviewRouter:
     def __init__(self, django_app: Any) -> None:
         self.django_app = django_app
         self.proxy = AuthMiddlewareStack(PreviewHttpProxy())
+        self.host_proxy = PreviewHttpProxy()  # no session middleware: not accepted there
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         loop = asyncio.get_running_loop()
         if terminal_manager.loop is not loop:
             terminal_manager.bind_loop(loop)
-        if scope["type"] == "http" and PREVIEW_PATH.match(scope["path"]):
-            await self.proxy(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            target = preview_host_target(scope_host(scope))
+            if target is False:
+                await _send_json(send, 404, "not_found", "No such preview host.")
+                return
+            if isinstance(target, tuple):
+                await self.host_proxy({**scope, HOST_TARGET: target}, receive, send)
+                return
+            if preview_paths_enabled() and PREVIEW_PATH.match(scope["path"]):
+                await self.proxy(scope, receive, send)
+                return
         await self.django_app(scope, receive, send)
+
+
+def scope_host(scope: dict[str, Any]) -> str:
+    """The Host header of an ASGI scope ("" without one)."""
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"host":
+            return str(value.decode("latin-1"))
+    return ""

@@ -216,7 +216,10 @@ class FileWatcher:
 
 
 def port_url(sandbox_id: str, port: int) -> str:
-    return f"/sandboxes/{sandbox_id}/ports/{port}/"
+    """Where a viewer opens the port (its own host when a preview domain is configured)."""
+    from .preview import preview_url  # the proxy module imports this one, through streaming
+
+    return preview_url(sandbox_id, port)
 
 
 class SandboxPoller:

@@ -130,15 +130,45 @@ function renderPorts() {
   host.replaceChildren(
     h("span.muted", {}, "Ports:"),
     ...[...ports.values()].sort((a, b) => a.port - b.port).map((p) =>
-      h(
-        "span.pill.ok",
-        { dataset: { port: p.port } },
-        h("a", { href: p.url, target: "_blank", rel: "noopener", class: "port-link", title: `Open port ${p.port} in a new tab` }, `:${p.port} ↗`),
-        " ",
-        h("button.link.small", { type: "button", class: "preview-btn", onclick: () => openPreview(p), "aria-label": `Preview port ${p.port}` }, "preview"),
-      ),
+      ownOrigin(p)
+        ? // Its own origin: a new tab. The preview cookie is SameSite=Lax, and under *.localhost
+          // Sandpit and the preview are different sites, so a frame here would carry none.
+          h(
+            "span.pill.ok",
+            { dataset: { port: p.port } },
+            h("a", { href: p.url, target: "_blank", rel: "noopener", class: "port-link", title: `Open ${p.url} in a new tab`, onclick: (ev) => openOwnOrigin(p, ev) }, `:${p.port} ↗`),
+          )
+        : h(
+            "span.pill.ok",
+            { dataset: { port: p.port } },
+            h("a", { href: p.url, target: "_blank", rel: "noopener", class: "port-link", title: `Open port ${p.port} in a new tab` }, `:${p.port} ↗`),
+            " ",
+            h("button.link.small", { type: "button", class: "preview-btn", onclick: () => openPreview(p), "aria-label": `Preview port ${p.port}` }, "preview"),
+          ),
     ),
   );
+}
+
+function ownOrigin(p) {
+  return /^https?:\/\//.test(p.url);
+}
+
+// A preview on its own host gets no Sandpit cookie: the first visit carries a short-lived
+// token with the 'ports' scope, which the preview exchanges for its own cookie.
+async function openOwnOrigin(p, ev) {
+  ev.preventDefault();
+  const tab = window.open("about:blank", "_blank"); // now, while the click still allows it
+  if (tab) tab.opener = null;
+  try {
+    const minted = await api(`sandboxes/${sandboxId}/tokens`, { method: "POST", body: { scopes: ["ports"], ttl_s: 3600 } });
+    const url = new URL(p.url);
+    url.searchParams.set("token", minted.token);
+    if (tab) tab.location.href = url.href;
+    else toast("Allow pop-ups for this page to open the preview", { error: true });
+  } catch (err) {
+    if (tab) tab.close();
+    toast(err, { error: true });
+  }
 }
 
 function openPreview(p) {

@@ -64,8 +64,10 @@ def artifacts_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """daphne in a subprocess on a free loopback port, on the test database."""
+def server(request, django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """daphne in a subprocess on a free loopback port, on the test database; previews on
+    `<port>-<id>.localhost:<port>` as under `make run`. A module may add environment
+    variables in SERVER_ENV."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
@@ -85,6 +87,8 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory):  # type: ignor
         "SANDPIT_PASSWORD_HASHERS": "django.contrib.auth.hashers.MD5PasswordHasher",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "SANDPIT_PREVIEW_DOMAIN": f"localhost:{port}",
+        **getattr(request.module, "SERVER_ENV", {}),
     }
     log_path = root / "daphne.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed in the teardown below

@@ -154,12 +154,14 @@ def test_port_preview(page, org_owner, artifacts_dir):  # type: ignore[no-untype
     type_in_terminal(page, "echo preview-ok > index.txt && python3 -m http.server 8000")
     link = page.locator('#ports [data-port="8000"] a.port-link')
     link.wait_for(timeout=20000)
-    assert link.get_attribute("href").endswith(f"/sandboxes/{sandbox_id}/ports/8000/")
-    page.click('#ports [data-port="8000"] .preview-btn')
-    frame = page.frame_locator("#preview-frame")
-    frame.get_by_text("index.txt").wait_for(timeout=10000)
-    page.screenshot(path=str(artifacts_dir / "port-preview.png"))
-    page.click("#preview-close")
+    # On its own origin (tests/browser/test_preview_origin.py), opened in a new tab.
+    port = page.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+    assert link.get_attribute("href") == f"http://8000-{sandbox_id}.localhost:{port}/"
+    with page.expect_popup() as popup:
+        link.click()
+    popup.value.get_by_text("index.txt").wait_for(timeout=10000)
+    popup.value.screenshot(path=str(artifacts_dir / "port-preview.png"))
+    popup.value.close()
 
     # Destroyed elsewhere (another tab, the API, the reaper): the page says so clearly.
     csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")

@@ -98,6 +98,9 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
         "SANDPIT_DEFAULT_PROVIDER": "local",
         "SANDPIT_INSTALLATION": "pytest-realtime",
+        # These suites test the path form (/sandboxes/<id>/ports/<port>/); the host form is
+        # tested in Chromium (tests/browser/test_preview_origin.py).
+        "SANDPIT_PREVIEW_DOMAIN": "",
         "DJANGO_SETTINGS_MODULE": "playground.settings",
         "PYTHONPATH": str(ROOT),
     }
