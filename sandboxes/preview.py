@@ -88,6 +88,7 @@ PREVIEW_PATH = re.compile(
 PREVIEW_HOST = re.compile(
     r"^(?P<port>[0-9]{1,5})-(?P<sandbox_id>[A-Za-z0-9_-]{1,40})\.(?P<domain>.+)$"
 )
+SANDBOX_LABEL = re.compile(r"^sbx_[0-9a-f]+$")
 HOST_TARGET = "sandpit.preview_target"
 """Scope key: (sandbox id, port) of a request addressed to a preview host."""
 COOKIE_NAME = "sandpit_preview"
@@ -164,6 +165,20 @@ def preview_domains() -> tuple[str, ...]:
     return tuple(_domain_name(d) for d in configured if d)
 
 
+def host_label(sandbox_id: str) -> str:
+    """The sandbox id as it appears in a preview host name: `sbx-<hex>` for `sbx_<hex>`.
+    Host names may not hold an underscore (RFC 1123): Django's host validation, certificate
+    checks and some resolvers refuse one. The E2B SDK's own `get_host` keeps the id as it
+    is, so both spellings are understood."""
+    return sandbox_id.replace("_", "-", 1) if SANDBOX_LABEL.match(sandbox_id) else sandbox_id
+
+
+def _sandbox_id_of_label(label: str) -> str:
+    if re.fullmatch(r"sbx-[0-9a-f]+", label):
+        return "sbx_" + label[4:]
+    return label
+
+
 def preview_host_target(host: str) -> tuple[str, int] | None | bool:
     """For a Host header: (sandbox id, port) of a `<port>-<id>.<domain>` preview host; False
     for any other name under a preview domain (answered 404, never by Sandpit's pages); None
@@ -175,7 +190,7 @@ def preview_host_target(host: str) -> tuple[str, int] | None | bool:
         match = PREVIEW_HOST.match(name)
         if match is None or match["domain"] != domain:
             return False
-        return match["sandbox_id"], int(match["port"])
+        return _sandbox_id_of_label(match["sandbox_id"]), int(match["port"])
     return None
 
 
@@ -185,7 +200,7 @@ def preview_url(sandbox_id: str, port: int) -> str:
     domain = getattr(settings, "SANDPIT_PREVIEW_DOMAIN", "")
     if domain:
         scheme = getattr(settings, "SANDPIT_PREVIEW_SCHEME", "http")
-        return f"{scheme}://{port}-{sandbox_id}.{domain}/"
+        return f"{scheme}://{port}-{host_label(sandbox_id)}.{domain}/"
     return f"/sandboxes/{sandbox_id}/ports/{port}/"
 
 

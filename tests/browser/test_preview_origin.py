@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from sandboxes.preview import host_label
 from tests.browser.conftest import login
 from tests.browser.test_ui_end_to_end import open_playground
 
@@ -60,7 +61,7 @@ def _serving_sandbox(api: httpx.Client) -> str:
 
 
 def _preview_host(server: str, sandbox_id: str) -> str:
-    return f"http://8000-{sandbox_id}.localhost:{urlsplit(server).port}"
+    return f"http://8000-{host_label(sandbox_id)}.localhost:{urlsplit(server).port}"
 
 
 def test_preview_on_its_own_origin_serves_absolute_urls(page, server, alice, key_a):  # type: ignore[no-untyped-def]
@@ -89,7 +90,7 @@ def test_preview_on_its_own_origin_serves_absolute_urls(page, server, alice, key
     preview_cookies = {c["name"]: c for c in page.context.cookies(preview + "/")}
     own = preview_cookies["sandpit_preview"]
     assert own["httpOnly"] and own["sameSite"] == "Lax"
-    assert own["domain"] == f"8000-{sandbox_id}.localhost"  # host-only: no sibling sees it
+    assert own["domain"] == urlsplit(preview).hostname  # host-only: no sibling sees it
     assert set(preview_cookies) == {"sandpit_preview", "app"}
     assert tab.evaluate("document.cookie") == "app=1"
     sandpit_cookies = {c["name"] for c in page.context.cookies(server + "/")}

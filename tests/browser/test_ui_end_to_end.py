@@ -156,7 +156,8 @@ def test_port_preview(page, org_owner, artifacts_dir):  # type: ignore[no-untype
     link.wait_for(timeout=20000)
     # On its own origin (tests/browser/test_preview_origin.py), opened in a new tab.
     port = page.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
-    assert link.get_attribute("href") == f"http://8000-{sandbox_id}.localhost:{port}/"
+    label = sandbox_id.replace("_", "-")
+    assert link.get_attribute("href") == f"http://8000-{label}.localhost:{port}/"
     with page.expect_popup() as popup:
         link.click()
     popup.value.get_by_text("index.txt").wait_for(timeout=10000)
