@@ -106,3 +106,28 @@ def test_a_preview_hosts_sockets_accept_only_its_own_origin(preview_domain):  # 
         "/ws/sandboxes/sbx_nosuchsandbox/events",
         {"host": "sandpit.example.com", "origin": "http://other.example.com"},
     )
+
+
+def test_a_preview_host_does_not_take_the_browser_session(preview_domain, alice, org_a):  # type: ignore[no-untyped-def]
+    """Even if a shared cookie domain sent Sandpit's session to a preview host, it would not
+    authenticate there (on Sandpit's host the same cookie reaches the tenancy check: 404)."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+    async def run(host: str, path: str) -> int:
+        from playground.asgi import application
+
+        communicator = HttpCommunicator(
+            application,
+            "GET",
+            path,
+            headers=[(b"host", host.encode()), (b"cookie", cookie.encode())],
+        )
+        return int((await communicator.get_response(timeout=10))["status"])
+
+    assert async_to_sync(run)("sandpit.example.com", "/sandboxes/sbx_0123abcd/ports/8000/") == 404
+    assert async_to_sync(run)(HOST, "/") == 401
