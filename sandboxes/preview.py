@@ -333,16 +333,21 @@ def _cross_site_unsafe(scope: dict[str, Any], header_map: dict[str, str]) -> boo
     return origin == "null" or urlsplit(origin).netloc != header_map.get("host", "")
 
 
-def _exempt_subresource(caller: Caller, header_map: dict[str, str]) -> bool:
-    """A same-origin subresource of a member's browser session. Sec-Fetch-* are forbidden
-    header names, so page scripts cannot set them; a program can, so API keys and tokens
-    never get this."""
+def _exempt_subresource(caller: Caller, header_map: dict[str, str], *, by_cookie: bool) -> bool:
+    """A same-origin subresource of a member's browser: their session (path form), or on a
+    preview host the preview cookie holding a token a member minted (what the playground does;
+    replaying it from a program saves no more than replaying the session). Sec-Fetch-* are
+    forbidden header names, so page scripts cannot set them; a program can, so API keys and
+    tokens they minted, and credentials sent in the URL or a header, never get this."""
     principal = caller.principal
     if principal is None:
         return False
     session = principal.user is not None and principal.token is None and principal.api_key is None
+    members_cookie = (
+        by_cookie and principal.token is not None and principal.token.minted_by.kind == "user"
+    )
     return (
-        session
+        (session or members_cookie)
         and header_map.get("sec-fetch-dest") in SUBRESOURCE_DESTS
         and header_map.get("sec-fetch-site") == "same-origin"
     )
@@ -469,7 +474,9 @@ class PreviewHttpProxy:
             )
             return
         # Counted once connected, before the answer leaves; one exemption (_exempt_subresource).
-        operation = None if _exempt_subresource(caller, header_map) else "ports.request"
+        by_cookie = not prefix and not query_token and "authorization" not in header_map
+        exempt = _exempt_subresource(caller, header_map, by_cookie=by_cookie)
+        operation = None if exempt else "ports.request"
         try:
             upstream = await _open_port(caller, sandbox, port, operation)
         except InvalidRequest as exc:

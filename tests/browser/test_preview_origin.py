@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 INDEX = """<!doctype html>
 <title>index</title>
+<link rel="icon" href="data:,">
 <p id="from-app">not run</p>
 <a id="about" href="/about.html">About</a>
 <script src="/app.js"></script>
@@ -25,7 +26,7 @@ APP = """document.getElementById("from-app").textContent = "app.js ran";
 document.cookie = "app=1; path=/";
 localStorage.setItem("preview-key", "preview");
 """
-ABOUT = "<!doctype html><title>about</title><h1>About this app</h1>"
+ABOUT = '<!doctype html><title>about</title><link rel="icon" href="data:,"><h1>About this app</h1>'
 
 
 def _api(server: str, key: str) -> httpx.Client:
@@ -82,6 +83,26 @@ def test_preview_on_its_own_origin_serves_absolute_urls(page, server, alice, key
     tab.get_by_text("app.js ran").wait_for()
     # The token was exchanged for the preview's cookie and left the address bar.
     assert tab.url == preview + "/"
+
+    # The page's own subresources, loaded by the viewer's browser with the cookie of a token a
+    # member minted, are not counted (as for the path form with the session); documents are.
+    def executions() -> int:
+        return int(api.get("/api/v1/usage").json()["executions"])
+
+    before = executions()
+    tab.evaluate(
+        """() => Promise.all([1, 2, 3].map((n) => new Promise((loaded, failed) => {
+            const script = document.createElement("script");
+            script.src = `/app.js?n=${n}`;
+            script.onload = loaded;
+            script.onerror = failed;
+            document.head.append(script);
+        })))"""
+    )
+    assert executions() == before
+    tab.reload()
+    tab.get_by_text("app.js ran").wait_for()
+    assert executions() == before + 1
     tab.click("#about")
     tab.get_by_role("heading", name="About this app").wait_for()
     assert tab.url == preview + "/about.html"
