@@ -97,6 +97,12 @@ def test_sandbox_commands_exec_ps_and_cp(sdk_env, tmp_path):  # type: ignore[no-
         ps = json.loads(sandpit(env, "ps", sandbox_id, "--json").stdout)
         assert isinstance(ps, list)
 
+        bg = sandpit(env, "start", sandbox_id, "--", "sh", "-c", "echo one; echo two >&2; exit 3")
+        assert bg.returncode == 0, bg.stderr
+        pid = bg.stdout.strip()
+        followed = sandpit(env, "logs", sandbox_id, pid, "--follow", "--interval-s", "0.1")
+        assert (followed.returncode, followed.stdout, followed.stderr) == (3, "one\n", "two\n")
+
         big = tmp_path / "big.bin"
         big.write_bytes(os.urandom(3 * 1024 * 1024))
         up = sandpit(env, "cp", "--progress", str(big), f"{sandbox_id}:data/")

@@ -13,8 +13,10 @@ import getpass
 import json
 import os
 import select
+import shlex
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -213,6 +215,37 @@ def cmd_ps(args: argparse.Namespace) -> int:
         ],
         ["PID", "STATE", "COMMAND"],
     )
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
+        process = client.connect(args.id).commands.start(command)
+    print(process.pid)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print what a background command wrote; with --follow, keep printing until it exits
+    (then exit with its code)."""
+    with _client(args) as client:
+        commands = client.connect(args.id).commands
+        stdout_offset = stderr_offset = 0
+        while True:
+            out = commands.output(
+                args.pid, stdout_offset=stdout_offset, stderr_offset=stderr_offset
+            )
+            sys.stdout.buffer.write(out.stdout_bytes)
+            sys.stdout.flush()
+            sys.stderr.buffer.write(out.stderr_bytes)
+            sys.stderr.flush()
+            stdout_offset, stderr_offset = out.stdout_offset, out.stderr_offset
+            if not args.follow or not out.running:
+                break
+            time.sleep(args.interval_s)
+    if args.follow and out.exit_code is not None:
+        return out.exit_code if out.exit_code >= 0 else 128 - out.exit_code
     return 0
 
 
@@ -465,6 +498,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout-s", type=float)
     run.add_argument("--json", action="store_true")
     run.set_defaults(func=cmd_run)
+
+    start = sub.add_parser("start", help="start a command in the background; prints its pid")
+    start.add_argument("id")
+    start.add_argument("command", nargs="+", help="after --: the command and its arguments")
+    start.set_defaults(func=cmd_start)
+
+    logs = sub.add_parser("logs", help="what a background command (sandpit start) wrote")
+    logs.add_argument("id")
+    logs.add_argument("pid", type=int)
+    logs.add_argument("-f", "--follow", action="store_true", help="until it exits")
+    logs.add_argument("--interval-s", type=float, default=0.5)
+    logs.set_defaults(func=cmd_logs)
 
     ps = sub.add_parser("ps", help="processes started with the processes API")
     ps.add_argument("id")
