@@ -17,6 +17,7 @@ from sandboxes.models import Sandbox
 from sandboxes.providers.base import Capability
 from tests.cloud.conftest import e2b_provider, fake_e2b_cloud  # noqa: F401, F811 - fixtures
 from tests.conftest import assert_error
+from tests.requirements import missing_part
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,7 +210,7 @@ def cloud_fakes(settings, fake_e2b_cloud, e2b_provider, tmp_path):  # type: igno
     from tests.cloud.local_shell import LocalShellProvider
 
     if shutil.which("unshare") is None:
-        pytest.skip("the shell stand-in needs unshare")
+        missing_part("the shell stand-in needs unshare (util-linux)")
     settings.SANDPIT_PROVIDERS = ["e2b", "local-shell"]
     providers.reset_providers()
     shell = LocalShellProvider(tmp_path)
