@@ -37,5 +37,9 @@ export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sand
 export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
 export SANDPIT_PROVIDERS=${SANDPIT_PROVIDERS:-local,docker}
 export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
+# Local jails run as unprivileged host uids that must pass through every directory above their
+# root; a checkout may sit under a private (0700) directory, so tests keep jails elsewhere.
+export SANDPIT_LOCAL_ROOT=${SANDPIT_LOCAL_ROOT:-/tmp/sandpit-test-jails/default}
+mkdir -p /tmp/sandpit-test-jails && chmod 711 /tmp/sandpit-test-jails
 mkdir -p "$SANDPIT_ARTIFACTS"
 exec .venv/bin/pytest "$@"
