@@ -1,0 +1,542 @@
+"""The one language table: every language Sandpit runs code in, how, and what it needs.
+
+Everything that turns a language name into argv reads it from here: `/code` and `/run`
+(sandboxes/code_runs.py), streamed runs (sandboxes/streaming.py), the providers' own
+`run_code`, the language list of a sandbox and the template builder's probe.
+
+A language has one or more toolchains, in order of preference; a sandbox runs the first
+whose binaries it has. A toolchain either takes the code as one argument (`inline`, the
+fast path of short snippets) or runs a source file written into a build directory inside
+the sandbox (BUILD_ROOT/build-<id>), compiling it first when it has a `compile` step.
+Argv templates use {dir} (the build directory), {src} (the source file), {exe} (the
+compiled program) and {class} (Java's public class).
+
+Pure Python, no Django: providers import it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess  # noqa: S404 - the rootfs probe runs a template's node under bwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUILD_ROOT = "/tmp/.sandpit"
+"""Where sources and compiled programs go inside a sandbox (its own /tmp, never the
+workspace, so a run leaves no files behind for the user to trip over)."""
+
+NODE_22 = "node>=22"
+"""A pseudo-binary: node whose major version is 22 or later (it strips TypeScript types).
+Probes answer it by running node (see PROBE_SCRIPT and rootfs_has_binary)."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """One way to run a language."""
+
+    needs: tuple[str, ...]
+    """Binaries (names looked up on PATH) that must all be present."""
+    run: tuple[str, ...]
+    """argv of the run, on the source file ({src}) or the compiled program ({exe})."""
+    compile: tuple[str, ...] = ()
+    """argv of the compile step; empty when the language is interpreted."""
+    inline: tuple[str, ...] = ()
+    """argv that takes the code itself as its last argument (python3 -c); empty: never."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment for both steps (templates as in argv)."""
+
+
+@dataclass(frozen=True)
+class Language:
+    """A language people can ask for by name (or an alias), with its toolchains."""
+
+    name: str
+    label: str
+    aliases: tuple[str, ...]
+    extensions: tuple[str, ...]
+    """File extensions, without the dot; the first names the source file."""
+    toolchains: tuple[Toolchain, ...]
+    compiled: bool = False
+    """Compiled ahead of running (a failed compile is the 'compile_error' verdict)."""
+    file_stem: str = "main"
+    """The source file's name without extension (Java: the public class's name)."""
+    sample: str = field(default="", compare=False)
+    """A hello-world program (the playground's first scratch file, the tests)."""
+
+    @property
+    def binaries(self) -> tuple[str, ...]:
+        """Every binary any of its toolchains may need."""
+        seen: dict[str, None] = {}
+        for toolchain in self.toolchains:
+            seen.update(dict.fromkeys(toolchain.needs))
+        return tuple(seen)
+
+    def toolchain(self, has_binary: Callable[[str], bool]) -> Toolchain | None:
+        """The first toolchain whose binaries are all present; None when none is."""
+        for toolchain in self.toolchains:
+            if all(has_binary(b) for b in toolchain.needs):
+                return toolchain
+        return None
+
+
+_C_FLAGS = ("-O2", "-pipe", "-o", "{exe}", "{src}", "-lm")
+_CPP_FLAGS = ("-O2", "-pipe", "-std=c++17", "-o", "{exe}", "{src}")
+# The JVM sizes its heap and threads from the sandbox's cgroup; serial GC and the C1
+# compiler start faster and stay under a 64-process pids limit.
+_JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto")
+
+LANGUAGES: tuple[Language, ...] = (
+    Language(
+        name="python",
+        label="Python",
+        aliases=("python3", "py"),
+        extensions=("py",),
+        toolchains=(
+            Toolchain(
+                needs=("python3",),
+                run=("python3", "-u", "{src}"),
+                inline=("python3", "-u", "-c"),
+            ),
+        ),
+        sample='print("Hello, world!")\n',
+    ),
+    Language(
+        name="node",
+        label="Node.js",
+        aliases=("javascript", "js", "nodejs"),
+        extensions=("js", "mjs", "cjs"),
+        toolchains=(Toolchain(needs=("node",), run=("node", "{src}"), inline=("node", "-e")),),
+        sample='console.log("Hello, world!");\n',
+    ),
+    Language(
+        name="typescript",
+        label="TypeScript",
+        aliases=("ts",),
+        extensions=("ts", "mts"),
+        toolchains=(
+            Toolchain(needs=("tsx",), run=("tsx", "{src}")),
+            Toolchain(
+                needs=("tsc", "node"),
+                compile=(
+                    "tsc",
+                    "--target",
+                    "es2022",
+                    "--module",
+                    "commonjs",
+                    "--types",
+                    "node",
+                    "--skipLibCheck",
+                    "--outDir",
+                    "{dir}",
+                    "{src}",
+                ),
+                run=("node", "{dir}/main.js"),
+            ),
+            Toolchain(
+                needs=(NODE_22,),
+                run=("node", "--experimental-strip-types", "--no-warnings", "{src}"),
+            ),
+        ),
+        sample='const greeting: string = "Hello, world!";\nconsole.log(greeting);\n',
+    ),
+    Language(
+        name="bash",
+        label="Bash",
+        aliases=("sh", "shell"),
+        extensions=("sh", "bash"),
+        toolchains=(Toolchain(needs=("bash",), run=("bash", "{src}"), inline=("bash", "-c")),),
+        sample='echo "Hello, world!"\n',
+    ),
+    Language(
+        name="c",
+        label="C",
+        aliases=("gcc",),
+        extensions=("c",),
+        compiled=True,
+        toolchains=(
+            Toolchain(needs=("gcc",), compile=("gcc", *_C_FLAGS), run=("{exe}",)),
+            Toolchain(needs=("cc",), compile=("cc", *_C_FLAGS), run=("{exe}",)),
+            Toolchain(needs=("clang",), compile=("clang", *_C_FLAGS), run=("{exe}",)),
+        ),
+        sample='#include <stdio.h>\n\nint main(void) {\n    printf("Hello, world!\\n");\n'
+        "    return 0;\n}\n",
+    ),
+    Language(
+        name="cpp",
+        label="C++",
+        aliases=("c++", "cxx", "g++"),
+        extensions=("cpp", "cc", "cxx"),
+        compiled=True,
+        toolchains=(
+            Toolchain(needs=("g++",), compile=("g++", *_CPP_FLAGS), run=("{exe}",)),
+            Toolchain(needs=("clang++",), compile=("clang++", *_CPP_FLAGS), run=("{exe}",)),
+        ),
+        sample='#include <iostream>\n\nint main() {\n    std::cout << "Hello, world!" '
+        "<< std::endl;\n    return 0;\n}\n",
+    ),
+    Language(
+        name="go",
+        label="Go",
+        aliases=("golang",),
+        extensions=("go",),
+        compiled=True,
+        toolchains=(
+            Toolchain(
+                needs=("go",),
+                compile=("go", "build", "-o", "{exe}", "{src}"),
+                run=("{exe}",),
+                # The build cache outlives one run (the standard library is built once
+                # per sandbox); no module download, no toolchain switch.
+                env=(
+                    ("GOCACHE", f"{BUILD_ROOT}/go-cache"),
+                    ("GOPATH", f"{BUILD_ROOT}/go"),
+                    ("GOTOOLCHAIN", "local"),
+                    ("CGO_ENABLED", "0"),
+                ),
+            ),
+        ),
+        sample='package main\n\nimport "fmt"\n\nfunc main() {\n    fmt.Println("Hello, world!")'
+        "\n}\n",
+    ),
+    Language(
+        name="rust",
+        label="Rust",
+        aliases=("rs", "rustc"),
+        extensions=("rs",),
+        compiled=True,
+        toolchains=(
+            Toolchain(
+                needs=("rustc",),
+                compile=("rustc", "--edition", "2021", "-O", "-o", "{exe}", "{src}"),
+                run=("{exe}",),
+            ),
+        ),
+        sample='fn main() {\n    println!("Hello, world!");\n}\n',
+    ),
+    Language(
+        name="java",
+        label="Java",
+        aliases=("javac",),
+        extensions=("java",),
+        compiled=True,
+        file_stem="Main",
+        toolchains=(
+            Toolchain(
+                needs=("javac", "java"),
+                compile=(
+                    "javac",
+                    *(f"-J{flag}" for flag in _JVM),
+                    "-encoding",
+                    "UTF-8",
+                    "-d",
+                    "{dir}",
+                    "{src}",
+                ),
+                run=("java", *_JVM, "-cp", "{dir}", "{class}"),
+            ),
+        ),
+        sample="public class Main {\n    public static void main(String[] args) {\n"
+        '        System.out.println("Hello, world!");\n    }\n}\n',
+    ),
+    Language(
+        name="ruby",
+        label="Ruby",
+        aliases=("rb",),
+        extensions=("rb",),
+        toolchains=(Toolchain(needs=("ruby",), run=("ruby", "{src}"), inline=("ruby", "-e")),),
+        sample='puts "Hello, world!"\n',
+    ),
+    Language(
+        name="perl",
+        label="Perl",
+        aliases=("pl",),
+        extensions=("pl", "pm"),
+        toolchains=(Toolchain(needs=("perl",), run=("perl", "{src}"), inline=("perl", "-e")),),
+        sample='print "Hello, world!\\n";\n',
+    ),
+    Language(
+        name="php",
+        label="PHP",
+        aliases=(),
+        extensions=("php",),
+        toolchains=(Toolchain(needs=("php",), run=("php", "{src}")),),
+        sample='<?php\necho "Hello, world!\\n";\n',
+    ),
+    Language(
+        name="lua",
+        label="Lua",
+        aliases=(),
+        extensions=("lua",),
+        toolchains=(
+            Toolchain(needs=("lua5.4",), run=("lua5.4", "{src}")),
+            Toolchain(needs=("lua",), run=("lua", "{src}")),
+            Toolchain(needs=("luajit",), run=("luajit", "{src}")),
+        ),
+        sample='print("Hello, world!")\n',
+    ),
+)
+
+BY_NAME: dict[str, Language] = {language.name: language for language in LANGUAGES}
+_BY_ALIAS: dict[str, Language] = {
+    alias: language for language in LANGUAGES for alias in (language.name, *language.aliases)
+}
+ALL_BINARIES: tuple[str, ...] = tuple(
+    dict.fromkeys(b for language in LANGUAGES for b in language.binaries)
+)
+
+
+def lookup(name: str) -> Language | None:
+    """The language called `name` or one of its aliases (any case); None when unknown."""
+    return _BY_ALIAS.get(name.strip().lower())
+
+
+def extension_of(language: str) -> str:
+    """The source file extension of a language (no dot)."""
+    return BY_NAME[language].extensions[0]
+
+
+def languages_in(has_binary: Callable[[str], bool]) -> list[str]:
+    """The languages (table order) that an environment can run: those with a toolchain
+    whose binaries `has_binary` says are there. Works for a root filesystem directory
+    (rootfs_has_binary) or a running sandbox (present_binaries of PROBE_SCRIPT's output)."""
+    cache: dict[str, bool] = {}
+
+    def known(binary: str) -> bool:
+        if binary not in cache:
+            cache[binary] = has_binary(binary)
+        return cache[binary]
+
+    return [language.name for language in LANGUAGES if language.toolchain(known) is not None]
+
+
+def inline_runners() -> dict[str, tuple[list[str], list[str], str]]:
+    """Language -> (argv before inline code, argv before a code file, the file's suffix) for
+    the languages with a single inline-capable toolchain: what a provider's own `run_code`
+    runs without a build directory."""
+    runners = {}
+    for language in LANGUAGES:
+        if len(language.toolchains) != 1 or not language.toolchains[0].inline:
+            continue
+        toolchain = language.toolchains[0]
+        from_file = [a for a in toolchain.run if a != "{src}"]
+        runners[language.name] = (list(toolchain.inline), from_file, "." + language.extensions[0])
+    return runners
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+PROBE_SCRIPT = (
+    'for b in "$@"; do command -v "$b" >/dev/null 2>&1 && echo "$b"; done; '
+    "node -e 'process.exit(+process.versions.node.split(\".\")[0] >= 22 ? 0 : 1)' "
+    f">/dev/null 2>&1 && echo '{NODE_22}'; exit 0"
+)
+"""`sh -c PROBE_SCRIPT probe <binary>...` prints the binaries present in a sandbox, one a
+line, and NODE_22 when its node is new enough."""
+
+
+def probe_argv() -> list[str]:
+    """argv that probes a running sandbox for every binary of the table (see PROBE_SCRIPT)."""
+    plain = [b for b in ALL_BINARIES if b != NODE_22]
+    return ["sh", "-c", PROBE_SCRIPT, "sandpit-probe", *plain]
+
+
+def present_binaries(probe_output: str) -> frozenset[str]:
+    """The set PROBE_SCRIPT printed (names it was not asked about are ignored)."""
+    return frozenset(line.strip() for line in probe_output.splitlines()) & set(ALL_BINARIES)
+
+
+_PATH_DIRS = ("usr/local/bin", "usr/bin", "bin", "usr/local/sbin", "usr/sbin", "sbin")
+
+
+def _inside(root: Path, path: str, hops: int = 40) -> Path | None:
+    """`path` resolved as a process chrooted at `root` would see it (symlinks, absolute
+    ones included, stay under root); None when it does not exist or loops."""
+    current = root
+    parts = [p for p in path.split("/") if p and p != "."]
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            current = current.parent if current != root else root
+            continue
+        candidate = current / part
+        if candidate.is_symlink():
+            hops -= 1
+            if hops < 0:
+                return None
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                current = root
+            parts = [p for p in target.split("/") if p and p != "."] + parts
+            continue
+        if not candidate.exists():
+            return None
+        current = candidate
+    return current
+
+
+def rootfs_has_binary(root: Path | str) -> Callable[[str], bool]:
+    """A `has_binary` for a root filesystem directory (a template's rootfs, or "/" for the
+    host's /usr that local jails use): an executable file in a PATH directory, links
+    resolved inside `root`. NODE_22 runs that node under bubblewrap (False without it)."""
+    base = Path(root)
+
+    def find(binary: str) -> Path | None:
+        for directory in _PATH_DIRS:
+            found = _inside(base, f"{directory}/{binary}")
+            if found is not None and found.is_file() and os.access(found, os.X_OK):
+                return found
+        return None
+
+    def has_binary(binary: str) -> bool:
+        if binary == NODE_22:
+            return find("node") is not None and _node_major(base) >= 22
+        return find(binary) is not None
+
+    return has_binary
+
+
+def _node_major(root: Path) -> int:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return 0
+    argv = [bwrap, "--ro-bind", str(root), "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--unshare-all", "node", "-p", "process.versions.node.split('.')[0]"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=20, check=False)  # noqa: S603
+        return int(done.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+# --- detection --------------------------------------------------------------------------------
+
+_SHEBANG = re.compile(r"\A#![ \t]*(\S+)(?:[ \t]+(?:-\S+[ \t]+)*(\S+))?")
+_SHEBANG_PROGRAMS = {
+    "python": "python",
+    "python3": "python",
+    "node": "node",
+    "nodejs": "node",
+    "bash": "bash",
+    "sh": "bash",
+    "dash": "bash",
+    "zsh": "bash",
+    "tsx": "typescript",
+    "ts-node": "typescript",
+    "deno": "typescript",
+    "ruby": "ruby",
+    "perl": "perl",
+    "php": "php",
+    "lua": "lua",
+    "luajit": "lua",
+}
+# (language, pattern) in order: strong, line-anchored markers first, so a Python program
+# that merely mentions `fn main()` in a string or comment is not taken for Rust.
+_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("php", re.compile(r"\A\s*<\?php\b")),
+    ("go", re.compile(r"^package[ \t]+main\b.*$(?s:.*)^func[ \t]+main[ \t]*\(", re.M)),
+    ("go", re.compile(r"^package[ \t]+\w+[ \t]*$(?s:.*)^import[ \t]+(\(|\")", re.M)),
+    ("rust", re.compile(r"^[ \t]*(pub[ \t]+)?fn[ \t]+main[ \t]*\(\)", re.M)),
+    ("rust", re.compile(r"^[ \t]*use[ \t]+std::[\w:{}, ]+;[ \t]*$", re.M)),
+    ("java", re.compile(r"^[ \t]*(public[ \t]+)?(final[ \t]+)?class[ \t]+\w+[^\n]*\{", re.M)),
+    ("java", re.compile(r"public[ \t]+static[ \t]+void[ \t]+main[ \t]*\(\s*String")),
+    (
+        "cpp",
+        re.compile(
+            r"^[ \t]*#[ \t]*include[ \t]*<(iostream|vector|string|map|bits/stdc\+\+\.h|algorithm|cstdio|cstdlib|set|unordered_map|memory|sstream|fstream|iomanip|queue|array|utility)>",
+            re.M,
+        ),
+    ),  # noqa: E501
+    ("cpp", re.compile(r"^[ \t]*using[ \t]+namespace[ \t]+std[ \t]*;", re.M)),
+    ("c", re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]", re.M)),
+    ("c", re.compile(r"^[ \t]*int[ \t]+main[ \t]*\([^)]*\)[ \t]*\{?[ \t]*$", re.M)),
+)
+_CPP_HINTS = re.compile(r"\bstd::|\bcout\b|\bcin\b|\btemplate[ \t]*<|\bnamespace\b|\bclass\b")
+_TYPESCRIPT = re.compile(
+    r"^[ \t]*(export[ \t]+)?(interface|type)[ \t]+[A-Z]\w*(<[^>]*>)?[ \t]*(=|\{)"
+    r"|^[ \t]*(const|let|var)[ \t]+\w+[ \t]*:[ \t]*(string|number|boolean|any|unknown|\w+\[\])\b"
+    r"|^[ \t]*(export[ \t]+)?function[ \t]+\w+[ \t]*\([^)]*\b\w+[ \t]*:[ \t]*\w+[^)]*\)"
+    r"[ \t]*(:[ \t]*[\w\[\]<>|]+)?[ \t]*\{",
+    re.M,
+)
+_RUBY = re.compile(
+    r"^[ \t]*puts[ \t(]|^[ \t]*require[ \t]+['\"]|\.each[ \t]+do[ \t]*\||^[ \t]*end[ \t]*$",
+    re.M,
+)
+_PERL = re.compile(
+    r"^[ \t]*use[ \t]+(strict|warnings)[ \t]*;|^[ \t]*my[ \t]+[$@%]\w+"
+    r"|^[ \t]*print[ \t]+\"[^\"\n]*\"[ \t]*;[ \t]*$",
+    re.M,
+)
+_LUA = re.compile(r"^[ \t]*local[ \t]+(function[ \t]+)?\w+|^[ \t]*--\[\[|\bthen[ \t]*$", re.M)
+_BASH = re.compile(
+    r"^[ \t]*(echo|printf|cd|ls|cat|export|for[ \t]+\w+[ \t]+in|if[ \t]+\[|while[ \t]+\[|fi|done|"
+    r"grep|sed|awk|set[ \t]+-\w+|source|mkdir|rm|cp|mv|pwd|uname|apt(-get)?|pip3?|npm)\b"
+    r"(?![ \t]*[(=.:])",
+    re.M,
+)
+_PYTHON = re.compile(
+    r"^[ \t]*(def[ \t]+\w+[ \t]*\(.*\)[ \t]*(->[^:]+)?:|class[ \t]+\w+[ \t]*(\(.*\))?:|"
+    r"import[ \t]+\w+(\.\w+)*([ \t]+as[ \t]+\w+)?[ \t]*(,[ \t]*\w+)*[ \t]*$|"
+    r"from[ \t]+[\w.]+[ \t]+import[ \t]|print[ \t]*\(|if[ \t]+__name__|for[ \t]+\w+[ \t]+in[ \t]+.*:[ \t]*$)",
+    re.M,
+)
+# The seeds' rule, kept as the last resort: Python indicators anywhere, else Node.
+_PYTHON_HINTS = ("print(", "import ", "def ", 'f"', "f'", "__", "sys.", "json.")
+_NODE = re.compile(r"\bconsole\.\w+\(|\brequire\([\"']|\bconst\b|\blet\b|=>|\bfunction\b")
+
+
+def _shebang(code: str) -> str | None:
+    match = _SHEBANG.match(code)
+    if match is None:
+        return None
+    program = match.group(1).rsplit("/", 1)[-1]
+    if program == "env" and match.group(2):
+        program = match.group(2)
+    program = re.sub(r"[\d.]+$", "", program) or program  # python3.11, lua5.4
+    return _SHEBANG_PROGRAMS.get(program) or _SHEBANG_PROGRAMS.get(program + "3")
+
+
+def detect_language(code: str) -> str:
+    """The language `code` is most likely in: a shebang names it; else the first strong,
+    line-anchored marker (`<?php`, `package main` + `func main(`, `fn main()`, a Java
+    class, `#include`); else TypeScript type annotations, Python statements, Node idioms,
+    Ruby, Perl or shell commands; else the seeds' rule (Python indicators, else node)."""
+    by_shebang = _shebang(code)
+    if by_shebang is not None:
+        return by_shebang
+    for name, pattern in _MARKERS:
+        if pattern.search(code):
+            if name == "c" and _CPP_HINTS.search(code):
+                return "cpp"
+            return name
+    if _TYPESCRIPT.search(code):
+        return "typescript"
+    python = _PYTHON.search(code) is not None
+    node = _NODE.search(code) is not None
+    if not node and _LUA.search(code):
+        return "lua"
+    if python and not node:
+        return "python"
+    if node and not python:
+        return "node"
+    if _PERL.search(code):
+        return "perl"
+    if not python and _RUBY.search(code) and not _BASH.search(code):
+        return "ruby"
+    if not python and not node and _BASH.search(code):
+        return "bash"
+    if any(hint in code for hint in _PYTHON_HINTS):
+        return "python"
+    return "node"
+
+
+def names() -> list[str]:
+    """Every language name, in table order."""
+    return [language.name for language in LANGUAGES]
+
+
+def all_aliases() -> Iterable[str]:
+    return _BY_ALIAS.keys()
