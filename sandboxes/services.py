@@ -28,6 +28,7 @@ from django.utils import timezone
 from accounts.authentication import Principal
 from accounts.models import Organization
 from accounts.tokens import sandbox_token_encode
+from playground.dbconn import release_idle_connection
 from playground.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
 from playground.metrics import counter_inc
 
@@ -131,6 +132,7 @@ def _require_running(sandbox: Sandbox) -> None:
 def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
     """Call the provider; a sandbox that vanished under us is marked error. Provider
     outages are counted for /metrics; user-caused errors (missing file...) are not."""
+    release_idle_connection()  # not held while the provider works (playground/dbconn.py)
     try:
         return fn(*args, **kwargs)
     except (SandboxGone, ProviderUnavailable) as exc:
@@ -249,6 +251,7 @@ def sandbox_create(
         labels={"sandpit.org": str(organization.pk)},
         runtime=runtime,
     )
+    release_idle_connection()  # not held while the sandbox starts (playground/dbconn.py)
     try:
         handle = provider.create(spec)
     except ProviderError as exc:
@@ -306,6 +309,7 @@ def _destroy(sandbox: Sandbox, *, reason: str, only_if_idle: bool) -> bool:
     ):
         return False
     if sandbox.provider_id:
+        release_idle_connection()
         try:
             provider_for(sandbox).destroy(sandbox.provider_id)
         except ProviderError:
