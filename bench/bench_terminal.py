@@ -7,6 +7,9 @@ Compares, in one run on this machine:
   * Jupyter Server's terminals (terminado's JSON ["stdin", ...] protocol over its WebSocket).
 
 Run:  .venv/bin/python bench/bench_terminal.py [--rounds 500] [--mb 50] [--idle 100] [--docker]
+                                              [--load 50] [--opens 10]
+--load N: N terminals stream output at once (each ~20 KB/s, read by a separate client process)
+while one more measures echo; --opens N: open-to-first-prompt (POST, connect, first prompt).
 It uses a throwaway SQLite database and var directory (no Redis: in-memory channel layer),
 starts daphne and jupyter_server on free loopback ports and stops them at the end.
 """
@@ -34,6 +37,9 @@ import websockets
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ECHO_CMD = "stty -echoctl; cat > /dev/null\r"
+LOAD_CMD = "while :; do seq 1 400; sleep 0.1; done\r"
+"""What each loaded terminal runs: ~2 KB every 100 ms, like a chatty build log."""
+PROMPTS = (b"$ ", b"# ")
 
 
 def free_port() -> int:
@@ -113,7 +119,7 @@ class Sandpit:
             "SANDPIT_LOCAL_ROOT": str(workdir / "sandboxes"),
             "SANDPIT_PROVIDERS": providers,
             "SANDPIT_DEFAULT_PROVIDER": "local",
-            "SANDPIT_MAX_TERMINALS_PER_SANDBOX": "20",
+            "SANDPIT_MAX_TERMINALS_PER_SANDBOX": "60",
             "SANDPIT_LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT),
         }
@@ -298,6 +304,109 @@ async def sandpit_idle(sp: Sandpit, count: int, provider: str) -> dict[str, floa
     }
 
 
+async def _drain_any(ws: websockets.ClientConnection, markers: tuple[bytes, ...]) -> None:
+    data = b""
+    deadline = time.monotonic() + 30
+    while not any(m in data for m in markers):
+        frame = await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
+        if isinstance(frame, bytes):
+            data += frame
+
+
+async def sandpit_open_to_prompt(sp: Sandpit, sandbox_id: str, count: int) -> dict[str, float]:
+    """POST a terminal, connect its socket, wait for the first prompt; then DELETE it."""
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        path = sp.terminal(sandbox_id)
+        ws = await sp.connect(path)
+        await _drain_any(ws, PROMPTS)
+        samples.append((time.perf_counter() - start) * 1000)
+        await ws.close()
+        sp.http.delete(f"/api/v1/sandboxes/{sandbox_id}/terminals/{path.rsplit('/', 1)[-1]}")
+    return percentiles(samples)
+
+
+async def _load_client(spec: dict[str, object]) -> None:
+    """(In its own process.) Connect to every URL, start LOAD_CMD, read until stdin closes."""
+    sockets = []
+    for url in spec["urls"]:  # type: ignore[attr-defined]
+        ws = await websockets.connect(
+            url,
+            origin=spec.get("origin"),  # type: ignore[arg-type]
+            additional_headers=spec.get("headers") or {},  # type: ignore[arg-type]
+            max_size=None,
+            compression=None,
+        )
+        sockets.append(ws)
+    for ws in sockets:
+        if spec["kind"] == "jupyter":
+            await ws.send(json.dumps(["stdin", LOAD_CMD]))
+        else:
+            await ws.send(LOAD_CMD.encode())
+    received = [0]
+
+    async def drain(ws: websockets.ClientConnection) -> None:
+        async for frame in ws:
+            received[0] += len(frame)
+
+    tasks = [asyncio.ensure_future(drain(ws)) for ws in sockets]
+    print("LOADED", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    for task in tasks:
+        task.cancel()
+    print(json.dumps({"received_mb": round(received[0] / 1e6, 1)}), flush=True)
+
+
+async def start_load(spec: dict[str, object]) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--load-client",
+        json.dumps(spec),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    if b"LOADED" not in line:
+        raise RuntimeError(f"load client failed: {line!r}")
+    await asyncio.sleep(1.0)  # let the output start everywhere
+    return proc
+
+
+async def stop_load(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    out = await asyncio.wait_for(proc.stdout.read(), 60)
+    await proc.wait()
+    return out.decode().strip()
+
+
+async def sandpit_echo_under_load(
+    sp: Sandpit, provider: str, load: int, rounds: int
+) -> dict[str, object]:
+    per_sandbox = 17
+    sandboxes = [sp.sandbox(provider) for _ in range((load + per_sandbox - 1) // per_sandbox)]
+    paths = [sp.terminal(sandboxes[i // per_sandbox]) for i in range(load)]
+    proc = await start_load(
+        {
+            "kind": "sandpit",
+            "urls": [f"ws://127.0.0.1:{sp.port}{p}" for p in paths],
+            "origin": sp.base,
+            "headers": {"Authorization": f"Bearer {sp.key}"},
+        }
+    )
+    try:
+        result: dict[str, object] = dict(await sandpit_echo(sp, sp.terminal(sandboxes[0]), rounds))
+    finally:
+        result_load = await stop_load(proc)
+        for sandbox_id in sandboxes:
+            sp.http.delete(f"/api/v1/sandboxes/{sandbox_id}")
+    result["load"] = result_load
+    return result
+
+
 # --- Jupyter Server terminals ------------------------------------------------------------------
 
 
@@ -351,6 +460,13 @@ class Jupyter:
             f"ws://127.0.0.1:{self.port}/terminals/websocket/{name}?token={self.token}",
             max_size=None,
             compression=None,
+        )
+
+    def delete(self, name: str) -> None:
+        httpx.delete(
+            f"http://127.0.0.1:{self.port}/api/terminals/{name}",
+            headers={"Authorization": f"token {self.token}"},
+            timeout=30,
         )
 
     def stop(self) -> None:
@@ -413,6 +529,43 @@ async def jupyter_throughput(jp: Jupyter, total: int) -> float:
     return received / elapsed / 1e6
 
 
+async def jupyter_open_to_prompt(jp: Jupyter, count: int) -> dict[str, float]:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        name = jp.terminal()
+        ws = await jp.connect(name)
+        data = ""
+        while not any(m.decode() in data for m in PROMPTS):
+            message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            if message[0] == "stdout":
+                data += message[1]
+        samples.append((time.perf_counter() - start) * 1000)
+        await ws.close()
+        jp.delete(name)
+    return percentiles(samples)
+
+
+async def jupyter_echo_under_load(jp: Jupyter, load: int, rounds: int) -> dict[str, object]:
+    names = [jp.terminal() for _ in range(load)]
+    proc = await start_load(
+        {
+            "kind": "jupyter",
+            "urls": [
+                f"ws://127.0.0.1:{jp.port}/terminals/websocket/{n}?token={jp.token}" for n in names
+            ],
+        }
+    )
+    try:
+        result: dict[str, object] = dict(await jupyter_echo(jp, rounds))
+    finally:
+        result_load = await stop_load(proc)
+        for name in names:
+            jp.delete(name)
+    result["load"] = result_load
+    return result
+
+
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -435,6 +588,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         results["sandpit_local_mb_s"] = round(
             await sandpit_throughput(sp, sp.terminal(sandbox_id), total), 1
         )
+        if args.opens:
+            results["sandpit_local_open_to_prompt"] = await sandpit_open_to_prompt(
+                sp, sandbox_id, args.opens
+            )
         if args.docker:
             print("sandpit (daphne, docker provider) ...", flush=True)
             docker_id = sp.sandbox("docker")
@@ -444,12 +601,28 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             results["sandpit_docker_mb_s"] = round(
                 await sandpit_throughput(sp, sp.terminal(docker_id), total), 1
             )
+            if args.opens:
+                results["sandpit_docker_open_to_prompt"] = await sandpit_open_to_prompt(
+                    sp, docker_id, args.opens
+                )
             sp.http.delete(f"/api/v1/sandboxes/{docker_id}")
         sp.http.delete(f"/api/v1/sandboxes/{sandbox_id}")
+        if args.load:
+            print(f"sandpit echo with {args.load} terminals streaming ...", flush=True)
+            results["sandpit_local_echo_under_load"] = await sandpit_echo_under_load(
+                sp, "local", args.load, args.rounds
+            )
         print("jupyter_server terminals ...", flush=True)
         jp.start()
         results["jupyter_echo"] = await jupyter_echo(jp, args.rounds)
         results["jupyter_mb_s"] = round(await jupyter_throughput(jp, total), 1)
+        if args.opens:
+            results["jupyter_open_to_prompt"] = await jupyter_open_to_prompt(jp, args.opens)
+        if args.load:
+            print(f"jupyter echo with {args.load} terminals streaming ...", flush=True)
+            results["jupyter_echo_under_load"] = await jupyter_echo_under_load(
+                jp, args.load, args.rounds
+            )
         jp.stop()
         print(f"{args.idle} idle terminals ...", flush=True)
         results["idle"] = await sandpit_idle(sp, args.idle, "local")
@@ -475,4 +648,11 @@ if __name__ == "__main__":
     parser.add_argument("--mb", type=int, default=50)
     parser.add_argument("--idle", type=int, default=100)
     parser.add_argument("--docker", action="store_true")
-    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))
+    parser.add_argument("--load", type=int, default=50)
+    parser.add_argument("--opens", type=int, default=10)
+    parser.add_argument("--load-client", help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    if parsed.load_client:
+        asyncio.run(_load_client(json.loads(parsed.load_client)))
+        sys.exit(0)
+    print(json.dumps(asyncio.run(main(parsed)), indent=2))

@@ -1,7 +1,7 @@
 """REST endpoints of the real-time layer: terminals and open ports.
 
 Terminal create/resize/kill are metered (feature 'terminal'); listing is free. Terminals
-live in the process that created them (see sandboxes/terminals.py).
+live in the sandbox's agent, reachable from every web process (see sandboxes/terminals.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .apis import SandboxApi, _validated
 from .caller import Caller
 from .serializers import EnvField, PathField, StrictCharField, StrictIntegerField
 from .terminals import (
-    Terminal,
+    TerminalInfo,
     terminal_create,
     terminal_get,
     terminal_kill,
@@ -69,8 +69,7 @@ def ws_url(request: Any, path: str) -> str:
     return f"{scheme}://{request.get_host()}{path}"
 
 
-def terminal_data(request: Any, terminal: Terminal) -> dict[str, Any]:
-    info = terminal.info()
+def terminal_data(request: Any, info: TerminalInfo) -> dict[str, Any]:
     path = f"/ws/sandboxes/{info.sandbox_id}/terminals/{info.id}"
     return {
         "id": info.id,

@@ -1,7 +1,11 @@
 """Terminal services: create, attach, type into, resize and kill a sandbox's terminals.
 
-The PTYs themselves live in this process's registry (sandboxes/terminal_registry.py). Every
-operation here goes through the one door (sandboxes.caller.metered) like any other sandbox
+With a provider that runs the agent (local, docker) the terminal lives in the sandbox: the
+agent owns the PTY, the shell and the scrollback (sandboxes/agent/sessions.py), so every
+web process can list, attach to, resize and kill it, and it survives the web process that
+created it; a socket relays through sandboxes/terminal_relay.py. Other providers' terminals
+(cloud) stay in this process's registry (sandboxes/terminal_registry.py). Every operation
+here goes through the one door (sandboxes.caller.metered) like any other sandbox
 operation; typing is the exception in shape, not in rule: keystrokes never wait for the
 database, so a TerminalSession counts them as they pass and `flush` records them (from a
 thread) about once a second.
@@ -18,22 +22,38 @@ from django.conf import settings
 from playground.errors import Conflict, NotFound, QuotaExceeded
 
 from .activity import sandbox_touch_id
+from .agent_sessions import (
+    AgentSessions,
+    SessionInfo,
+    sandbox_cwd,
+    session_attach,
+    session_get,
+    session_kill,
+    session_list,
+    session_open,
+    session_resize,
+    supports_sessions,
+)
 from .caller import Caller, billing_authorize, billing_record, metered
 from .models import Sandbox, SandboxState
-from .providers.base import Capability
+from .providers.base import Capability, ProcessNotFound, ProviderError, SandboxProvider
 from .services import provider_for, require_capability
 from .terminal_registry import (
     Terminal,
     TerminalClient,
+    TerminalInfo,
     clamp_size,
     terminal_manager,
     terminals_close_for_sandbox,
 )
+from .terminal_relay import AgentTerminal
 
 __all__ = [
     "METER_WINDOW_S",
+    "AgentTerminal",
     "Terminal",
     "TerminalClient",
+    "TerminalInfo",
     "TerminalSession",
     "clamp_size",
     "count_enters",
@@ -59,6 +79,32 @@ def max_terminals_per_sandbox() -> int:
     return int(getattr(settings, "SANDPIT_MAX_TERMINALS_PER_SANDBOX", 20))
 
 
+def _agent(sandbox: Sandbox) -> AgentSessions | None:
+    """The sandbox's provider when its terminals live in the agent; None otherwise."""
+    if not sandbox.provider_id:
+        return None
+    try:
+        provider: SandboxProvider = provider_for(sandbox)
+    except ProviderError:
+        return None
+    return provider if supports_sessions(provider) else None
+
+
+def _info(sandbox_id: str, session: SessionInfo) -> TerminalInfo:
+    shell = session.meta.get("shell")
+    return TerminalInfo(
+        id=session.id,
+        sandbox_id=str(sandbox_id),
+        cols=session.cols,
+        rows=session.rows,
+        shell=shell if isinstance(shell, str) else None,
+        created_at=session.created_at,
+        clients=session.clients,
+        running=session.running,
+        exit_code=session.exit_code,
+    )
+
+
 def terminal_create(
     *,
     caller: Caller,
@@ -68,9 +114,9 @@ def terminal_create(
     shell: str | None = None,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> Terminal:
-    """Open a shell on a PTY in the sandbox and register it in this process (counted once,
-    feature 'terminal').
+) -> TerminalInfo:
+    """Open a shell on a PTY in the sandbox (counted once, feature 'terminal'): held by the
+    sandbox's agent where the provider runs one, else registered in this process.
 
     Raises Conflict (409) when the sandbox is not running, QuotaExceeded (429) past
     SANDPIT_MAX_TERMINALS_PER_SANDBOX live terminals, CapabilityNotSupported (501),
@@ -81,71 +127,127 @@ def terminal_create(
                 f"Sandbox {sandbox.id} is {sandbox.state}, not running.",
                 code="sandbox_not_running",
             )
-        live = [t for t in terminal_manager.for_sandbox(sandbox.id) if not t.ended]
-        limit = max_terminals_per_sandbox()
-        if len(live) >= limit:
-            raise QuotaExceeded(
-                f"This sandbox already has {len(live)} terminals (limit {limit}).",
-                code="terminal_limit_reached",
-            )
         provider = provider_for(sandbox)
         require_capability(provider, Capability.PTY)
         cols, rows = clamp_size(cols, rows)
-        pty = provider.open_pty(
-            sandbox.provider_id, cols=cols, rows=rows, shell=shell or None, cwd=cwd, env=env
-        )
-        terminal = Terminal(
-            manager=terminal_manager,
-            sandbox_id=sandbox.id,
-            organization_id=sandbox.organization_id,
-            pty=pty,
-            cols=cols,
-            rows=rows,
-            shell=shell,
-        )
-        terminal_manager.add(terminal)
+        agent: AgentSessions | None = provider if supports_sessions(provider) else None
+        if agent is not None:
+            live = len([s for s in session_list(agent, sandbox.provider_id, "pty") if s.running])
+        else:
+            live = len([t for t in terminal_manager.for_sandbox(sandbox.id) if not t.ended])
+        limit = max_terminals_per_sandbox()
+        if live >= limit:
+            raise QuotaExceeded(
+                f"This sandbox already has {live} terminals (limit {limit}).",
+                code="terminal_limit_reached",
+            )
+        if agent is not None:
+            session, _ = session_open(
+                agent,
+                sandbox.provider_id,
+                kind="pty",
+                argv=[shell or "/bin/bash"],
+                cwd=sandbox_cwd(cwd),
+                env=env,
+                cols=cols,
+                rows=rows,
+                meta={"shell": shell},
+            )
+            info = _info(sandbox.id, session)
+        else:
+            pty = provider.open_pty(
+                sandbox.provider_id, cols=cols, rows=rows, shell=shell or None, cwd=cwd, env=env
+            )
+            terminal = Terminal(
+                manager=terminal_manager,
+                sandbox_id=sandbox.id,
+                organization_id=sandbox.organization_id,
+                pty=pty,
+                cols=cols,
+                rows=rows,
+                shell=shell,
+            )
+            terminal_manager.add(terminal)
+            info = terminal.info()
     sandbox_touch_id(sandbox.id)
-    return terminal
+    return info
 
 
-def terminals_for_sandbox(*, sandbox: Sandbox) -> list[Terminal]:
-    """This process's terminals of the sandbox, oldest first (free: runs nothing)."""
-    return terminal_manager.for_sandbox(sandbox.id)
+def terminals_for_sandbox(*, sandbox: Sandbox) -> list[TerminalInfo]:
+    """The sandbox's terminals, oldest first, ended ones for a while too (not counted). A
+    sandbox whose agent does not answer (stopped) has none."""
+    found = [t.info() for t in terminal_manager.for_sandbox(sandbox.id)]
+    agent = _agent(sandbox)
+    if agent is not None and sandbox.state == SandboxState.RUNNING:
+        try:
+            sessions = session_list(agent, sandbox.provider_id, "pty")
+        except ProviderError:
+            sessions = []
+        found += [_info(sandbox.id, s) for s in sessions]
+    return sorted(found, key=lambda t: t.created_at)
 
 
-def terminal_get(*, sandbox: Sandbox, terminal_id: str) -> Terminal:
-    """A terminal of this sandbox held by this process; NotFound otherwise."""
+def _not_found() -> NotFound:
+    return NotFound("No such terminal in this sandbox.", code="terminal_not_found")
+
+
+def terminal_get(*, sandbox: Sandbox, terminal_id: str) -> TerminalInfo:
+    """A terminal of this sandbox (any web process's); NotFound otherwise."""
     terminal = terminal_manager.get(sandbox.id, terminal_id)
-    if terminal is None:
-        raise NotFound(
-            "No such terminal (terminals live in the web process that created them).",
-            code="terminal_not_found",
-        )
-    return terminal
+    if terminal is not None:
+        return terminal.info()
+    agent = _agent(sandbox)
+    if agent is None or not terminal_id.startswith("term_"):
+        raise _not_found()
+    try:
+        return _info(sandbox.id, session_get(agent, sandbox.provider_id, terminal_id))
+    except ProviderError:
+        raise _not_found() from None
 
 
 def terminal_kill(*, caller: Caller, sandbox: Sandbox, terminal_id: str) -> None:
-    """Kill the shell and its process tree; attached sockets get {"type": "exit"}. Never
-    refused by billing (stopping), counted only while billing would allow it."""
-    terminal = terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+    """Kill the shell and its process tree; attached sockets (of every process) get
+    {"type": "exit"}. Never refused by billing (stopping), counted only while billing
+    would allow it."""
+    terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+    terminal = terminal_manager.get(sandbox.id, terminal_id)
     with metered(
         caller, feature="terminal", operation="terminal.kill", scope="terminal", teardown=True
     ):
-        terminal_manager.remove(terminal)
+        if terminal is not None:
+            terminal_manager.remove(terminal)
+            return
+        agent = _agent(sandbox)
+        if agent is None:
+            raise _not_found()
+        try:
+            session_kill(agent, sandbox.provider_id, terminal_id)
+        except ProcessNotFound:
+            raise _not_found() from None
 
 
 def terminal_resize(
     *, caller: Caller, sandbox: Sandbox, terminal_id: str, cols: int, rows: int
-) -> Terminal:
+) -> TerminalInfo:
     """Resize a terminal's PTY (counted once). Conflict 'terminal_ended' once it ended."""
-    terminal = terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+    info = terminal_get(sandbox=sandbox, terminal_id=terminal_id)
+    terminal = terminal_manager.get(sandbox.id, terminal_id)
     with metered(caller, feature="terminal", operation="terminal.resize", scope="terminal"):
-        if terminal.ended:
+        if not info.running:
             raise Conflict("The terminal has ended.", code="terminal_ended")
         cols, rows = clamp_size(cols, rows)
-        terminal.pty.resize(cols, rows)
-        terminal.cols, terminal.rows = cols, rows
-    return terminal
+        if terminal is not None:
+            terminal.pty.resize(cols, rows)
+            terminal.cols, terminal.rows = cols, rows
+            return terminal.info()
+        agent = _agent(sandbox)
+        if agent is None:
+            raise _not_found()
+        try:
+            session = session_resize(agent, sandbox.provider_id, terminal_id, cols, rows)
+        except ProcessNotFound:
+            raise Conflict("The terminal has ended.", code="terminal_ended") from None
+        return _info(sandbox.id, session)
 
 
 # --- typing into a terminal over a WebSocket -------------------------------------------------
@@ -185,7 +287,7 @@ class TerminalSession:
     (each under its own event id, so a retried flush never counts one twice) and then checks
     that the next input is still allowed; it is synchronous, for a thread."""
 
-    def __init__(self, caller: Caller, terminal: Terminal) -> None:
+    def __init__(self, caller: Caller, terminal: Terminal | AgentTerminal) -> None:
         self.caller = caller
         self.terminal = terminal
         self._meter = TerminalMeter()
@@ -222,9 +324,22 @@ class TerminalSession:
 def terminal_attach(
     *, caller: Caller, sandbox: Sandbox, terminal_id: str
 ) -> TerminalSession | None:
-    """A session typing into the terminal for `caller` (opening it runs nothing and is not
-    counted); None when this process holds no such terminal."""
+    """A session typing into the terminal for `caller` (attaching is not counted); None
+    when the sandbox has no such terminal. For an agent-held terminal this connects to the
+    agent: blocking, call from a thread; the relay then runs on the loop."""
     terminal = terminal_manager.get(sandbox.id, terminal_id)
-    if terminal is None:
+    if terminal is not None:
+        return TerminalSession(caller, terminal)
+    agent = _agent(sandbox)
+    if agent is None or sandbox.state != SandboxState.RUNNING:
         return None
-    return TerminalSession(caller, terminal)
+    if not terminal_id.startswith("term_"):
+        return None
+    try:
+        link = session_attach(agent, sandbox.provider_id, terminal_id)
+    except ProviderError:
+        return None
+    if link.info.kind != "pty":
+        link.close()
+        return None
+    return TerminalSession(caller, AgentTerminal(sandbox.id, link))

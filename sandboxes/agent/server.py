@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 
-from . import PROTOCOL, execute, files, ports, procs, spawn, terminal
+from . import PROTOCOL, execute, files, ports, procs, sessions, spawn, terminal
 from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
 from .wire import CHUNK, AgentError, json_loads, read_line, recv_exact, send_line, socket, try_send
 
@@ -88,6 +88,7 @@ OPS: dict[str, Callable[[Any, dict], None]] = {
     "connect": ports.op_connect,
     "ping": op_ping,
     **files.OPS,
+    **sessions.OPS,
 }
 
 

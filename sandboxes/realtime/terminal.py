@@ -1,9 +1,11 @@
 """/ws/sandboxes/<id>/terminals/<tid>: raw bytes both ways, JSON for control.
 
-The keystroke path: the socket's bytes go to TerminalSession.write (the PTY write and the
-count of what is due, no database), the shell's output comes back from the terminal's PTY
-reader as `terminal_output` and leaves through the outbound queue. Due executions are
-recorded by a flush about once a second, in a thread.
+The keystroke path: the socket's bytes go to TerminalSession.write (a frame to the agent
+that holds the PTY, on a non-blocking socket, and the count of what is due; no database, no
+thread), the shell's output comes back from the agent's socket (loop.add_reader) as
+`terminal_output` and leaves through the outbound queue. Due executions are recorded by a
+flush about once a second, in a thread. Any web process can attach: the terminal lives in
+the sandbox (sandboxes/terminals.py).
 """
 
 from __future__ import annotations
@@ -42,15 +44,12 @@ class TerminalConsumer(OutboundConsumer):
         except RealtimeDenied as denied:
             await self.refuse(denied)
             return
-        session = terminal_attach(caller=caller, sandbox=sandbox, terminal_id=terminal_id)
+        session = await database_sync_to_async(terminal_attach)(
+            caller=caller, sandbox=sandbox, terminal_id=terminal_id
+        )
         if session is None:
             await self.refuse(
-                RealtimeDenied(
-                    4404,
-                    404,
-                    "terminal_not_found",
-                    "No such terminal (terminals live in the web process that created them).",
-                )
+                RealtimeDenied(4404, 404, "terminal_not_found", "No such terminal in this sandbox.")
             )
             return
         self.session: TerminalSession | None = session

@@ -277,6 +277,11 @@ class DockerProvider:
 
     # -- the agent -------------------------------------------------------------
 
+    def agent_socket(self, provider_id: str) -> socket.socket:
+        """A new connection to the sandbox's agent, for its session ops (terminals and
+        runs that outlive a web process: sandboxes/agent_sessions.py)."""
+        return self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+
     def _connect(self, provider_id: str, timeout: float) -> socket.socket:
         """A connection to the sandbox's agent (waiting for it to listen after create)."""
         target = self._target(provider_id)

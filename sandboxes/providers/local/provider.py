@@ -889,6 +889,11 @@ class LocalProvider:
 
     # ------------------------------------------------------------ agent calls
 
+    def agent_socket(self, provider_id: str) -> socket.socket:
+        """A new connection to the sandbox's agent, for its session ops (terminals and
+        runs that outlive a web process: sandboxes/agent_sessions.py)."""
+        return self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+
     def _connect(self, provider_id: str, timeout: float) -> socket.socket:
         run_dir = self._dir(provider_id) / "run"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,368 @@
+"""The host end of the agent's sessions (sandboxes/agent/sessions.py): terminals and runs
+that live in the sandbox, so any web process can list, attach to, type into and kill them.
+
+A provider that runs the agent offers ``agent_socket(provider_id)``: a fresh connection to
+the agent (its Unix socket, bind-mounted for docker; a ``docker exec`` relay for remote
+engines and gVisor). Control calls here are blocking (call them from a thread); an
+attached `SessionLink` is driven from the event loop: ``loop.add_reader`` on its socket,
+non-blocking sends, no thread and no channel layer between a keystroke and the shell.
+
+Everything the agent sends is untrusted (code in the sandbox can replace the agent):
+reply lines and frames are bounded, ids are checked before they are sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeGuard, runtime_checkable
+
+from .providers.base import InvalidRequest, ProcessNotFound, ProviderError
+
+MAX_FRAME = 1 << 20
+MAX_OUTBOX_BYTES = 4 << 20
+"""Input a link holds while the agent is not taking it; past this the link fails."""
+SESSION_ID = re.compile(r"^(term|run)_[0-9a-f]{16}$")
+
+
+@runtime_checkable
+class AgentSessions(Protocol):
+    """A provider whose sandboxes run the agent (local, docker)."""
+
+    def agent_socket(self, provider_id: str) -> socket.socket: ...
+
+
+def supports_sessions(provider: object) -> TypeGuard[AgentSessions]:
+    return isinstance(provider, AgentSessions)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """What the agent says about one session."""
+
+    id: str
+    kind: str
+    """'pty' (a terminal) or 'exec' (a streamed run)."""
+    pid: int
+    cols: int
+    rows: int
+    created_at: float
+    running: bool
+    exit_code: int | None
+    clients: int
+    offset: int
+    """Bytes of output so far."""
+    meta: dict[str, Any]
+
+
+def _info(body: Mapping[str, Any]) -> SessionInfo:
+    code = body.get("exit_code")
+    meta = body.get("meta")
+    return SessionInfo(
+        id=str(body.get("id", "")),
+        kind=str(body.get("kind", "")),
+        pid=int(body.get("pid") or 0),
+        cols=int(body.get("cols") or 80),
+        rows=int(body.get("rows") or 24),
+        created_at=float(body.get("created_at") or 0.0),
+        running=bool(body.get("running")),
+        exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        clients=int(body.get("clients") or 0),
+        offset=int(body.get("offset") or 0),
+        meta=meta if isinstance(meta, dict) else {},
+    )
+
+
+def _reply(sock: socket.socket) -> dict[str, Any]:
+    # The agent client's reader: bounded lines, errors mapped to ProviderError types.
+    from .providers.agent_client import reply
+
+    return reply(sock)
+
+
+def _call(provider: AgentSessions, provider_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    sock = provider.agent_socket(provider_id)
+    try:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        return _reply(sock)
+    except (OSError, ValueError) as exc:
+        raise ProviderError(f"lost the sandbox agent: {exc!r}") from None
+    finally:
+        sock.close()
+
+
+WORKSPACE = "/workspace"
+
+
+def sandbox_cwd(cwd: str | None) -> str:
+    """A working directory in the sandbox: relative ones are under the workspace."""
+    if not cwd:
+        return WORKSPACE
+    return cwd if cwd.startswith("/") else f"{WORKSPACE}/{cwd}"
+
+
+def check_id(session_id: str) -> str:
+    if not SESSION_ID.match(session_id or ""):
+        raise ProcessNotFound("no such session")
+    return session_id
+
+
+def session_list(
+    provider: AgentSessions, provider_id: str, kind: str | None = None
+) -> list[SessionInfo]:
+    """The sandbox's sessions (of `kind`), oldest first, ended ones for a while too."""
+    body = _call(provider, provider_id, {"op": "session_list", "kind": kind})
+    rows = body.get("sessions")
+    return [_info(row) for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+
+
+def session_get(provider: AgentSessions, provider_id: str, session_id: str) -> SessionInfo:
+    """ProcessNotFound when the agent does not know it."""
+    check_id(session_id)
+    for info in session_list(provider, provider_id):
+        if info.id == session_id:
+            return info
+    raise ProcessNotFound("no such session")
+
+
+def session_open(
+    provider: AgentSessions,
+    provider_id: str,
+    *,
+    kind: str,
+    argv: list[str],
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    cols: int = 80,
+    rows: int = 24,
+    timeout_s: float | None = None,
+    orphan_s: float | None = None,
+    meta: Mapping[str, Any] | None = None,
+    attach: bool = False,
+) -> tuple[SessionInfo, SessionLink | None]:
+    """Start a session in the sandbox; with `attach`, also the link to it (one round trip).
+    Raises the provider's errors."""
+    for value in [*argv, *(env or {}).keys(), *(env or {}).values(), cwd or ""]:
+        if "\x00" in value:
+            raise InvalidRequest("NUL byte in the command or its environment")
+    for key in env or {}:
+        if not key or "=" in key:
+            raise InvalidRequest(f"Invalid environment variable name: {key!r}")
+    request = {
+        "op": "session_open",
+        "kind": kind,
+        "argv": list(argv),
+        "cwd": cwd,
+        "env": dict(env or {}),
+        "cols": int(cols),
+        "rows": int(rows),
+        "timeout_s": timeout_s,
+        "orphan_s": orphan_s,
+        "meta": dict(meta or {}),
+        "attach": attach,
+    }
+    sock = provider.agent_socket(provider_id)
+    try:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        body = _reply(sock)
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, (OSError, ValueError)):
+            raise ProviderError(f"lost the sandbox agent: {exc!r}") from None
+        raise
+    info = _info(body)
+    if not attach:
+        sock.close()
+        return info, None
+    return info, SessionLink(sock, info, int(body.get("from") or 0))
+
+
+def session_attach(
+    provider: AgentSessions, provider_id: str, session_id: str, since: int = 0
+) -> SessionLink:
+    """Attach to a session: the link first yields its buffered output from byte `since`
+    (as much as the agent still holds), then live output. ProcessNotFound when unknown."""
+    check_id(session_id)
+    sock = provider.agent_socket(provider_id)
+    try:
+        request = {"op": "session_attach", "id": session_id, "since": max(0, int(since))}
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        body = _reply(sock)
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, (OSError, ValueError)):
+            raise ProviderError(f"lost the sandbox agent: {exc!r}") from None
+        raise
+    return SessionLink(sock, _info(body), int(body.get("from") or 0))
+
+
+def session_kill(provider: AgentSessions, provider_id: str, session_id: str) -> SessionInfo:
+    """Kill the session's process tree; its clients get its end."""
+    check_id(session_id)
+    return _info(_call(provider, provider_id, {"op": "session_kill", "id": session_id}))
+
+
+def session_resize(
+    provider: AgentSessions, provider_id: str, session_id: str, cols: int, rows: int
+) -> SessionInfo:
+    check_id(session_id)
+    request = {"op": "session_resize", "id": session_id, "cols": int(cols), "rows": int(rows)}
+    return _info(_call(provider, provider_id, request))
+
+
+def frame(kind: bytes, payload: bytes = b"") -> bytes:
+    return kind + len(payload).to_bytes(4, "big") + payload
+
+
+class SessionLink:
+    """One attached connection, driven from the event loop.
+
+    `start(on_output, on_exit)` reads frames with ``loop.add_reader``: ``on_output(kind,
+    data)`` for each ``O``/``E`` frame, then ``on_exit(result)`` once (``None`` when the
+    agent went away: the sandbox stopped). Sends never block: what the socket does not
+    take now waits for ``add_writer``."""
+
+    def __init__(self, sock: socket.socket, info: SessionInfo, start: int) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.info = info
+        self.offset = start
+        """Output bytes before the next one delivered (a reattach passes it as `since`)."""
+        self.ended = False
+        self.result: dict[str, Any] | None = None
+        self._inbox = bytearray()
+        self._outbox: deque[bytes] = deque()
+        self._outbox_bytes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_output: Callable[[bytes, bytes], None] | None = None
+        self._on_exit: Callable[[dict[str, Any] | None], None] | None = None
+        self._fd = sock.fileno()
+
+    def start(
+        self,
+        on_output: Callable[[bytes, bytes], None],
+        on_exit: Callable[[dict[str, Any] | None], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._on_output = on_output
+        self._on_exit = on_exit
+        self._loop.add_reader(self._fd, self._on_readable)
+        if self._inbox:
+            self._loop.call_soon(self._parse)
+
+    def _on_readable(self) -> None:
+        try:
+            data = self.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._end(None)
+            return
+        self._inbox += data
+        self._parse()
+
+    def _parse(self) -> None:
+        inbox = self._inbox
+        pos = 0
+        while len(inbox) - pos >= 5:
+            size = int.from_bytes(inbox[pos + 1 : pos + 5], "big")
+            if size > MAX_FRAME:
+                self._end(None)
+                return
+            if len(inbox) - pos < 5 + size:
+                break
+            kind = bytes(inbox[pos : pos + 1])
+            payload = bytes(inbox[pos + 5 : pos + 5 + size])
+            pos += 5 + size
+            if kind in (b"O", b"E"):
+                self.offset += size
+                if self._on_output is not None:
+                    self._on_output(kind, payload)
+            elif kind == b"X":
+                try:
+                    result = json.loads(payload)
+                except ValueError:
+                    result = None
+                self._end(result if isinstance(result, dict) else {"exit_code": None})
+                return
+        del inbox[:pos]
+
+    def _end(self, result: dict[str, Any] | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.result = result
+        self.close()
+        if self._on_exit is not None:
+            self._on_exit(result)
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        """Queue one frame to the agent (input, resize, close stdin, signal)."""
+        if self.ended:
+            return
+        data = frame(kind, payload)
+        if not self._outbox:
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return  # the read side sees the end
+            if sent == len(data):
+                return
+            data = data[sent:]
+            if self._loop is not None:
+                self._loop.add_writer(self._fd, self._drain)
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        if self._outbox_bytes > MAX_OUTBOX_BYTES:
+            self._end(None)
+
+    def _drain(self) -> None:
+        while self._outbox:
+            data = self._outbox[0]
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._outbox.clear()
+                break
+            self._outbox_bytes -= sent
+            if sent < len(data):
+                self._outbox[0] = data[sent:]
+                return
+            self._outbox.popleft()
+        if self._loop is not None:
+            self._loop.remove_writer(self._fd)
+
+    def write(self, data: bytes) -> None:
+        for start in range(0, len(data), 65536):
+            self.send(b"I", data[start : start + 65536])
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.send(b"R", f"{int(cols)} {int(rows)}".encode())
+
+    def close(self) -> None:
+        """Detach (the session goes on). Idempotent."""
+        if self._loop is not None and self._fd >= 0:
+            try:
+                self._loop.remove_reader(self._fd)
+                self._loop.remove_writer(self._fd)
+            except (ValueError, OSError, RuntimeError):
+                pass
+        self._fd = -1
+        try:
+            self.sock.close()
+        except OSError:
+            pass
