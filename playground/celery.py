@@ -31,6 +31,10 @@ app.conf.beat_schedule = {
         "task": "sandboxes.tasks.reconcile_sandboxes",
         "schedule": _interval("SANDPIT_RECONCILE_INTERVAL_S", 300),
     },
+    "check-docker-engines": {
+        "task": "sandboxes.tasks.check_docker_engines",
+        "schedule": _interval("SANDPIT_DOCKER_ENGINE_CHECK_INTERVAL_S", 30),
+    },
     "flush-usage": {"task": "billing.tasks.flush_usage", "schedule": 10.0},
     "close-billing-periods": {"task": "billing.tasks.close_billing_periods", "schedule": 3600.0},
 }

@@ -65,6 +65,16 @@ def provider_health_report() -> dict[str, dict[str, Any]]:
     return report
 
 
+def docker_engine_report() -> dict[str, Any]:
+    """Each Docker engine's state (sandboxes/engines.py); {} without the docker provider."""
+    from sandboxes.engines import engine_reports
+
+    try:
+        return {report.status.name: report.as_json() for report in engine_reports()}
+    except Exception as exc:  # noqa: BLE001 - a health page reports every failure
+        return {"error": {"status": "down", "detail": f"{type(exc).__name__}: {exc}"}}
+
+
 @require_GET
 def live(request):  # type: ignore[no-untyped-def]
     return JsonResponse({"status": "ok"})
@@ -79,7 +89,10 @@ def ready(request):  # type: ignore[no-untyped-def]
     }
     components.update(provider_health_report())
     healthy = all(c["status"] == "ok" for c in components.values())
-    return JsonResponse(
-        {"status": "ok" if healthy else "down", "components": components},
-        status=200 if healthy else 503,
-    )
+    body: dict[str, Any] = {"status": "ok" if healthy else "down", "components": components}
+    engines = docker_engine_report()
+    if engines:
+        # Not part of the verdict: one engine down still serves (placement avoids it);
+        # provider:docker is down only when none answers.
+        body["docker_engines"] = engines
+    return JsonResponse(body, status=200 if healthy else 503)

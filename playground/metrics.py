@@ -39,6 +39,7 @@ COUNTERS: dict[str, str] = {
     "reaper_runs": "Reaper and reconciler runs, by task.",
     "sandboxes_reaped": "Sandboxes destroyed by the reaper or reconciler, by reason.",
     "provider_errors": "Provider calls that failed, by provider and operation.",
+    "sandboxes_lost": "Sandboxes marked error because their Docker engine stopped answering.",
 }
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -296,6 +297,39 @@ def _sandbox_lines() -> list[str]:
     return lines
 
 
+def _engine_lines() -> list[str]:
+    """Each Docker engine: up, running sandboxes, memory reserved and planned with."""
+    from sandboxes.engines import engine_reports
+
+    try:
+        reports = engine_reports()
+    except Exception:  # noqa: BLE001 - a scrape must not fail for one component
+        logger.warning("could not read the docker engines for /metrics", exc_info=True)
+        return []
+    gauges = [
+        ("up", "Whether the Docker engine answers (1) or not (0).", lambda r: int(r.status.ok)),
+        ("sandboxes", "Sandboxes running on the Docker engine.", lambda r: r.status.sandboxes),
+        (
+            "memory_reserved_bytes",
+            "Memory limits of the sandboxes running on the Docker engine, added up.",
+            lambda r: r.status.memory_reserved_mb * 2**20,
+        ),
+        (
+            "memory_capacity_bytes",
+            "Memory placement plans with on the Docker engine.",
+            lambda r: r.status.memory_capacity_mb * 2**20,
+        ),
+    ]
+    lines: list[str] = []
+    for suffix, help_text, value in gauges if reports else []:
+        metric = f"sandpit_docker_engine_{suffix}"
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for report in reports:
+            labels = _labels([("engine", report.status.name)])
+            lines.append(f"{metric}{labels} {_number(value(report))}")
+    return lines
+
+
 def _execution_lines() -> list[str]:
     """Executions from the billing ledger: the daily rollup plus ledger rows not yet rolled
     up (both cheap: a few rollup rows, and a partial index on the unaggregated ledger).
@@ -360,7 +394,7 @@ def render_metrics() -> str:
     """The whole exposition, Prometheus text format 0.0.4."""
     latency.flush()
     counters, latency_raw = _get_store().read()
-    lines = _sandbox_lines() + _execution_lines() + _counter_lines(counters)
+    lines = _sandbox_lines() + _engine_lines() + _execution_lines() + _counter_lines(counters)
     lines += _latency_lines(latency_raw)
     return "\n".join(lines) + "\n"
 

@@ -314,6 +314,15 @@ SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 # The Docker engine the docker provider talks to.
 DOCKER_HOST = env_str("DOCKER_HOST", "unix:///var/run/docker.sock")
+# Several engines: URLs with #name=..&label=..&tls_ca=.. options, comma or space separated
+# (format in sandboxes/providers/docker/engines.py); empty: DOCKER_HOST alone.
+SANDPIT_DOCKER_HOSTS = env_str("SANDPIT_DOCKER_HOSTS")
+# Engine labels organizations and templates require: "org:<slug>=<label>,template:<name>=<label>".
+SANDPIT_DOCKER_ENGINE_REQUIREMENTS = env_str("SANDPIT_DOCKER_ENGINE_REQUIREMENTS")
+# Seconds an engine may fail its checks before its sandboxes are marked lost.
+SANDPIT_DOCKER_ENGINE_LOST_S = env_int("SANDPIT_DOCKER_ENGINE_LOST_S", 60)
+# How often beat checks the engines (sandboxes.tasks.check_docker_engines).
+SANDPIT_DOCKER_ENGINE_CHECK_INTERVAL_S = env_int("SANDPIT_DOCKER_ENGINE_CHECK_INTERVAL_S", 30)
 # The Docker runtime sandboxes run under: runc, or runsc for gVisor (a user-space kernel
 # between sandbox and host; scripts/docker-up.sh registers it). Organizations may override.
 SANDPIT_DOCKER_RUNTIME = env_str("SANDPIT_DOCKER_RUNTIME", "runc")

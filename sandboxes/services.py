@@ -34,6 +34,7 @@ from playground.metrics import counter_inc
 
 from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
+from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
 from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState
 from .providers import (
@@ -248,7 +249,10 @@ def sandbox_create(
         network=network,
         resources=resolved,
         env=dict(env or {}),
-        labels={"sandpit.org": str(organization.pk)},
+        labels={
+            "sandpit.org": str(organization.pk),
+            **(engine_spec_labels(organization, template) if provider.name == "docker" else {}),
+        },
         runtime=runtime,
     )
     release_idle_connection()  # not held while the sandbox starts (playground/dbconn.py)
@@ -262,6 +266,7 @@ def sandbox_create(
         sandbox,
         SandboxState.RUNNING,
         provider_id=handle.provider_id,
+        engine=handle_engine(handle),
         started_at=started,
         last_activity_at=started,
     ):

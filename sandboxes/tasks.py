@@ -1,9 +1,9 @@
 """Celery tasks for the sandbox fleet: thin wrappers around sandboxes.operations.
 
-Beat (playground/celery.py) runs reap_sandboxes every minute and reconcile_sandboxes every
-five. Both are idempotent and safe to overlap, so a late or duplicated beat tick, a retry
-after a worker was killed (acks_late + reject_on_worker_lost) or two beats by mistake do
-no harm.
+Beat (playground/celery.py) runs reap_sandboxes every minute, reconcile_sandboxes every
+five and check_docker_engines every half minute. All are idempotent and safe to overlap,
+so a late or duplicated beat tick, a retry after a worker was killed (acks_late +
+reject_on_worker_lost) or two beats by mistake do no harm.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import shared_task
 
-from . import operations
+from . import engine_health, operations
 
 
 @shared_task(name="sandboxes.tasks.reap_sandboxes", ignore_result=True)
@@ -25,3 +25,9 @@ def reap_sandboxes() -> dict[str, Any]:
 def reconcile_sandboxes() -> dict[str, Any]:
     """Destroy orphan provider resources; error-then-destroy rows whose resource vanished."""
     return operations.report_summary(operations.reconcile_sandboxes())
+
+
+@shared_task(name="sandboxes.tasks.check_docker_engines", ignore_result=True)
+def check_docker_engines() -> dict[str, Any]:
+    """Probe every Docker engine; mark the sandboxes of one down too long lost."""
+    return operations.report_summary(engine_health.engines_check())

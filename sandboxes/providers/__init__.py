@@ -101,12 +101,12 @@ def _build_local() -> SandboxProvider:
 
 
 def _build_docker() -> SandboxProvider:
-    from .docker import DockerProvider
+    from .docker.engines import DockerEngines, parse_engines
 
-    return DockerProvider(
+    return DockerEngines(
+        parse_engines(settings.SANDPIT_DOCKER_HOSTS, settings.DOCKER_HOST),
         image=settings.SANDPIT_DOCKER_IMAGE,
         installation=settings.SANDPIT_INSTALLATION,
-        base_url=settings.DOCKER_HOST,
         runtime=settings.SANDPIT_DOCKER_RUNTIME,
         gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
         agent_dir=settings.VAR_DIR / "docker-agents",
