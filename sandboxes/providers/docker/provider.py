@@ -166,13 +166,16 @@ class DockerProvider:
         runtime: str = "runc",
         gvisor_network_runtime: str = GVISOR_NETWORK_RUNTIME,
         relay: bool = False,
+        tls: Any = None,
     ) -> None:
         """`relay=True` reaches every agent through `docker exec` even with a local engine
-        (what remote engines and gVisor sandboxes always do; tests force it to cover it)."""
+        (what remote engines and gVisor sandboxes always do; tests force it to cover it).
+        `tls`: a docker.tls.TLSConfig for a tcp:// engine (engines.py builds it)."""
         self.image = image
         self.runtime = runtime
         self.gvisor_network_runtime = gvisor_network_runtime
         self.force_relay = relay
+        self.tls = tls
         self.base_url = base_url or "unix:///var/run/docker.sock"
         self.label_prefix = label_prefix
         self.installation = installation
@@ -209,7 +212,7 @@ class DockerProvider:
             with self._lock, translate():
                 if self._client is None:
                     self._client = docker.APIClient(
-                        base_url=self.base_url, version="auto", timeout=60
+                        base_url=self.base_url, version="auto", timeout=60, tls=self.tls or False
                     )
         return self._client
 
