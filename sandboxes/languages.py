@@ -126,8 +126,6 @@ LANGUAGES: tuple[Language, ...] = (
                     "es2022",
                     "--module",
                     "commonjs",
-                    "--types",
-                    "node",
                     "--skipLibCheck",
                     "--outDir",
                     "{dir}",
@@ -396,6 +394,11 @@ def rootfs_has_binary(root: Path | str) -> Callable[[str], bool]:
         return find(binary) is not None
 
     return has_binary
+
+
+def languages_in_rootfs(root: Path | str) -> list[str]:
+    """The languages a root filesystem directory runs (a template's, at build time)."""
+    return languages_in(rootfs_has_binary(root))
 
 
 def _node_major(root: Path) -> int:
