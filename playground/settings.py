@@ -312,6 +312,11 @@ SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 2)
 SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
 SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
+# Docker containers kept started per process (and engine) for creates of the common spec to
+# claim (0: none; sandboxes/providers/docker/pool.py), and how many cold creates one process
+# runs against one engine at once (0: no limit; a short queue halves a burst's median).
+SANDPIT_DOCKER_POOL_SIZE = env_int("SANDPIT_DOCKER_POOL_SIZE", 4)
+SANDPIT_DOCKER_CREATE_CONCURRENCY = env_int("SANDPIT_DOCKER_CREATE_CONCURRENCY", 3)
 # The Docker engine the docker provider talks to.
 DOCKER_HOST = env_str("DOCKER_HOST", "unix:///var/run/docker.sock")
 # Several engines: URLs with #name=..&label=..&tls_ca=.. options, comma or space separated

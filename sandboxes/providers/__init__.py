@@ -110,6 +110,8 @@ def _build_docker() -> SandboxProvider:
         runtime=settings.SANDPIT_DOCKER_RUNTIME,
         gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
         agent_dir=settings.VAR_DIR / "docker-agents",
+        pool_size=settings.SANDPIT_DOCKER_POOL_SIZE,
+        create_concurrency=settings.SANDPIT_DOCKER_CREATE_CONCURRENCY,
     )
 
 

@@ -78,6 +78,8 @@ from sandboxes.providers.base import (
 )
 
 from .errors import translate
+from .pool import CreateGate, DockerPool, forget_claim, read_claim
+from .pool import view as pool_view
 from .relay import ExecBridge
 from .sessions import DockerWatch
 
@@ -91,6 +93,7 @@ _MAX_PATH_BYTES = 4096
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 _CONTAINER_REF = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")
+_ENGINE_CONNECTIONS = 64
 _INLINE_CODE_MAX = 96 * 1024
 """Code longer than this goes to a file first: one argv string is capped at 128 KiB."""
 CONTROL_TIMEOUT_S = 60.0
@@ -167,10 +170,14 @@ class DockerProvider:
         gvisor_network_runtime: str = GVISOR_NETWORK_RUNTIME,
         relay: bool = False,
         tls: Any = None,
+        pool_size: int = 0,
+        create_concurrency: int = 0,
     ) -> None:
         """`relay=True` reaches every agent through `docker exec` even with a local engine
         (what remote engines and gVisor sandboxes always do; tests force it to cover it).
-        `tls`: a docker.tls.TLSConfig for a tcp:// engine (engines.py builds it)."""
+        `tls`: a docker.tls.TLSConfig for a tcp:// engine (engines.py builds it).
+        `pool_size`: containers kept started for `create` to claim (0: none; pool.py);
+        `create_concurrency`: cold creates at once against the Engine (0: no limit)."""
         self.image = image
         self.runtime = runtime
         self.gvisor_network_runtime = gvisor_network_runtime
@@ -187,6 +194,13 @@ class DockerProvider:
         self._lock = threading.Lock()
         self._targets: dict[str, _Target] = {}
         self._cpu_samples: dict[str, tuple[int, int]] = {}
+        self._gate = CreateGate(create_concurrency)
+        self.pool = DockerPool(self, pool_size, self._gate) if pool_size > 0 else None
+
+    def close(self) -> None:
+        """Remove the pool's unclaimed containers and stop refilling (also done at exit)."""
+        if self.pool is not None:
+            self.pool.close()
 
     @property
     def isolation(self) -> str:
@@ -212,7 +226,13 @@ class DockerProvider:
             with self._lock, translate():
                 if self._client is None:
                     self._client = docker.APIClient(
-                        base_url=self.base_url, version="auto", timeout=60, tls=self.tls or False
+                        base_url=self.base_url,
+                        version="auto",
+                        timeout=60,
+                        tls=self.tls or False,
+                        # docker-py keeps 10 connections by default: a burst of creates
+                        # opened and dropped one per request past that.
+                        max_pool_size=_ENGINE_CONNECTIONS,
                     )
         return self._client
 
@@ -421,9 +441,17 @@ class DockerProvider:
         return {str(host_dir): {"bind": AGENT_RUN_DIR, "mode": "rw"}}, {}, host_dir
 
     def create(self, spec: SandboxSpec) -> SandboxHandle:
-        """Create and start a container; its agent takes requests shortly after (the
-        first call waits for it)."""
-        res = spec.resources
+        """A sandbox for `spec`: a pool container when the spec is the common one and the
+        pool has one ready (pool.py), else a new container (`_start_new`)."""
+        if self.pool is not None and _SANDBOX_ID.fullmatch(spec.sandbox_id):
+            runtime = self._runtime_for(spec)
+            handle = self.pool.claim(spec, self._labels_for(spec, runtime))
+            if handle is not None:
+                return handle
+        with self._gate.cold():
+            return self._start_new(spec)
+
+    def _labels_for(self, spec: SandboxSpec, runtime: str) -> dict[str, str]:
         labels = {str(k): str(v) for k, v in spec.labels.items()}
         labels.update(
             {
@@ -431,12 +459,24 @@ class DockerProvider:
                 self._label("installation"): self.installation,
                 self._label("managed"): "1",
                 self._label("template"): spec.template,
+                self._label("isolation"): isolation_of(runtime),
             }
         )
+        return labels
+
+    def _agent_socket_path(self, provider_id: str) -> Path | None:
+        """Where the host reaches the sandbox's agent socket; None through a relay."""
+        target = self._target(provider_id)
+        return None if target.socket_dir is None else target.socket_dir / "agent.sock"
+
+    def _start_new(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create and start a container; its agent takes requests shortly after (the
+        first call waits for it)."""
+        res = spec.resources
         if not _SANDBOX_ID.fullmatch(spec.sandbox_id):
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'.")
         runtime = self._runtime_for(spec)
-        labels[self._label("isolation")] = isolation_of(runtime)
+        labels = self._labels_for(spec, runtime)
         # HOME is the workspace, as in the local provider.
         env = ["HOME=/workspace", *_check_env(spec.env)]
         name = f"{self.label_prefix}-{self.installation}-{spec.sandbox_id}"
@@ -530,9 +570,10 @@ class DockerProvider:
         labels = info["Config"].get("Labels") or {}
         if not self._is_ours(labels):
             raise SandboxGone(f"Sandbox {provider_id} does not exist.")
-        return self._handle(
-            info["Id"], info["State"]["Status"], _parse_time(info["Created"]), labels
-        )
+        shown = pool_view(self, info["Id"], info["Name"], labels, _parse_time(info["Created"]))
+        if shown is None:  # an unclaimed pool container is no sandbox
+            raise SandboxGone(f"Sandbox {provider_id} does not exist.")
+        return self._handle(info["Id"], info["State"]["Status"], shown[1], shown[0])
 
     def list_sandboxes(self) -> list[SandboxHandle]:
         """Every container labelled for this installation, running or not (orphans included)."""
@@ -546,15 +587,14 @@ class DockerProvider:
                     ]
                 },
             )
-        return [
-            self._handle(
-                row["Id"],
-                row["State"],
-                datetime.fromtimestamp(row["Created"], UTC),
-                row["Labels"] or {},
-            )
-            for row in rows
-        ]
+        handles = []
+        for row in rows:
+            created = datetime.fromtimestamp(row["Created"], UTC)
+            name = (row.get("Names") or [""])[0]
+            shown = pool_view(self, row["Id"], name, row["Labels"] or {}, created)
+            if shown is not None:  # None: an unclaimed pool container of a live server
+                handles.append(self._handle(row["Id"], row["State"], shown[1], shown[0]))
+        return handles
 
     def destroy(self, provider_id: str) -> bool:
         """Remove the container, its tmpfs data and its agent directory. False when it was
@@ -576,6 +616,7 @@ class DockerProvider:
         finally:
             self._targets.pop(provider_id, None)
             self._cpu_samples.pop(provider_id, None)
+            forget_claim(self, target.cid)
         if target.socket_dir is not None and target.socket_dir.parent == self.agent_dir:
             shutil.rmtree(target.socket_dir, ignore_errors=True)
         return True
@@ -600,7 +641,8 @@ class DockerProvider:
             disk = int(du.stdout.split()[0])
         except (IndexError, ValueError):
             disk = 0
-        started = _parse_time(info["State"]["StartedAt"])
+        claim = read_claim(self, info["Id"])  # a pool container's life began when claimed
+        started = claim[1] if claim else _parse_time(info["State"]["StartedAt"])
         uptime_s = max(0.0, (datetime.now(UTC) - started).total_seconds())
         cpu = raw.get("cpu_stats") or {}
         total = int((cpu.get("cpu_usage") or {}).get("total_usage") or 0)
