@@ -69,8 +69,14 @@ def create_org_and_key(env: dict[str, str], slug: str = "bench") -> str:
 
 
 @contextmanager
-def daphne(env: dict[str, str]):
+def daphne(env: dict[str, str], app: str = "playground.asgi:application"):
+    """A server on a free port. `app` may name a module under bench/ (e.g. the bench's
+    own `_bench_asgi:application`, which adds a bare endpoint to the product's)."""
     port = free_port()
+    env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), env.get("PYTHONPATH")])),
+    }
     proc = subprocess.Popen(
         [
             str(Path(PY).parent / "daphne"),
@@ -78,7 +84,7 @@ def daphne(env: dict[str, str]):
             "127.0.0.1",
             "-p",
             str(port),
-            "playground.asgi:application",
+            app,
         ],
         cwd=ROOT,
         env=env,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
+from playground.webthreads import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
+# Django's handler, each request on a reused thread (playground/webthreads.py).
 django_asgi_app = get_asgi_application()
 
 from typing import Any  # noqa: E402

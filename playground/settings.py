@@ -306,7 +306,7 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
 )
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
-SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 2)
+SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 8)
 # Host uids local jails run as when Sandpit runs as root: one per live sandbox, from the
 # base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
 SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
@@ -377,6 +377,12 @@ RUNLOOP_API_KEY = env_str("RUNLOOP_API_KEY")
 # --- `make run` (scripts/run.sh reads the same two for the server it starts) ------------------
 SANDPIT_BIND = env_str("SANDPIT_BIND", "127.0.0.1")
 SANDPIT_PORT = env_int("SANDPIT_PORT", 8000)
+# Web server processes sharing the port (playground/webserver.py; SO_REUSEPORT). More than 1
+# needs Redis (the in-memory channel layer is per process).
+SANDPIT_WEB_PROCESSES = env_int("SANDPIT_WEB_PROCESSES", 1)
+# Idle request threads kept per web process for reuse (playground/webthreads.py); not a cap
+# on concurrent requests. 0: a new thread per request, as Django does.
+SANDPIT_WEB_THREADS = env_int("SANDPIT_WEB_THREADS", 64)
 SANDPIT_DEMO_EMAIL = env_str("SANDPIT_DEMO_EMAIL", "demo@sandpit.local")
 SANDPIT_DEMO_PASSWORD = env_str("SANDPIT_DEMO_PASSWORD", "sandpit-demo")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from daphne.cli import CommandLineInterface
@@ -124,7 +125,41 @@ class SandpitServer(Server):
 
 
 class SandpitCommandLineInterface(CommandLineInterface):
+    """daphne's command line, plus ``--processes N``: N servers on the -b/-p address
+    (default ``SANDPIT_WEB_PROCESSES``; see playground/webprocs.py)."""
+
     server_class = SandpitServer
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            help="web server processes sharing the -b/-p address (SO_REUSEPORT); "
+            "default SANDPIT_WEB_PROCESSES",
+        )
+
+    def run(self, args: list[str]) -> Any:
+        parsed = self.parser.parse_args(args)
+        processes = parsed.processes
+        if processes is None:
+            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
+            from django.conf import settings
+
+            processes = int(settings.SANDPIT_WEB_PROCESSES)
+        if processes <= 1:
+            return super().run(args)
+        if (
+            parsed.port is None
+            or parsed.unix_socket
+            or parsed.file_descriptor is not None
+            or parsed.socket_strings
+        ):
+            self.parser.error("--processes needs -p (and -b) and no -u, --fd or -e")
+        from playground.webprocs import serve
+
+        raise SystemExit(serve(processes, parsed.host or "127.0.0.1", parsed.port, args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Several web server processes on one port (playground/webprocs.py): every process answers,
+new connections spread over them, and they stop together."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.requirements import missing_part
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def serving_pid(server_port: int, client_port: int, pids: list[int]) -> int:
+    """The process holding the server side of the TCP connection from `client_port`."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1], fields[2]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == (
+            client_port
+        ):
+            inode = fields[9]
+    assert inode is not None, f"no server socket for client port {client_port}"
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    raise AssertionError(f"no process of {pids} holds socket {inode}")
+
+
+def start(port: int, env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "playground.webserver", "-b", "127.0.0.1", "-p", str(port)]
+        + list(extra)
+        + ["playground.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, processes: int) -> list[int]:
+    """Wait until every process holds its listening socket; returns their pids. (The
+    sockets listen from the start; a first request waits for its process's start-up.)"""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+        pids = children(proc.pid)
+        listening = [pid for pid in pids if _listens(pid, port)]
+        if len(listening) == processes:
+            return listening
+        time.sleep(0.2)
+    raise AssertionError("the web processes did not all start listening")
+
+
+def _listens(pid: int, port: int) -> bool:
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:  # LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    try:
+        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    if not os.environ.get("REDIS_URL"):
+        missing_part("several web processes need Redis (REDIS_URL)")
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"}
+
+
+@pytest.fixture(scope="module")
+def two_processes(env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], int, list[int]]]:
+    port = free_port()
+    proc = start(port, env, "--processes", "2")
+    try:
+        yield proc, port, wait_ready(proc, port, 2)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_both_processes_answer_and_connections_spread(two_processes) -> None:  # type: ignore[no-untyped-def]
+    proc, port, pids = two_processes
+    connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(24)]
+    served: dict[int, int] = {}
+    try:
+        for conn in connections:
+            conn.request("GET", "/health/live")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            pid = serving_pid(port, conn.sock.getsockname()[1], pids)
+            served[pid] = served.get(pid, 0) + 1
+    finally:
+        for conn in connections:
+            conn.close()
+    # SO_REUSEPORT hashes each connection to one socket: 24 all on one side has odds 2^-23.
+    assert set(served) == set(pids), served
+
+
+def test_they_stop_together(two_processes) -> None:  # type: ignore[no-untyped-def]
+    """Last of the tests sharing the servers: it stops them."""
+    proc, port, pids = two_processes
+    os.kill(pids[0], signal.SIGTERM)  # one process ends: the supervisor stops the other
+    proc.wait(30)
+    for pid in pids:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists()
+
+
+def test_several_processes_need_redis(env: dict[str, str]) -> None:
+    without = {k: v for k, v in env.items() if k != "REDIS_URL"}
+    proc = start(free_port(), without, "--processes", "2")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert b"needs REDIS_URL" in err
