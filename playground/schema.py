@@ -18,6 +18,7 @@ PATH_PARAMETERS: dict[str, tuple[type, str]] = {
     "key_id": (int, "The API key's id, as the key list returns it."),
     "member_id": (int, "The membership's id, as the member list returns it."),
     "invitation_id": (int, "The invitation's id, as the invitation list returns it."),
+    "snapshot_id": (str, "The snapshot's id, as snapshot create and list return it (snp_...)."),
 }
 
 

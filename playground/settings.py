@@ -347,6 +347,13 @@ SANDPIT_MAX_OUTPUT_BYTES = env_int("SANDPIT_MAX_OUTPUT_BYTES", 1024 * 1024)
 SANDPIT_MAX_COMMAND_TIMEOUT_S = env_int("SANDPIT_MAX_COMMAND_TIMEOUT_S", 300)
 SANDPIT_IDLE_TIMEOUT_S = env_int("SANDPIT_IDLE_TIMEOUT_S", 15 * 60)
 SANDPIT_MAX_LIFETIME_S = env_int("SANDPIT_MAX_LIFETIME_S", 24 * 3600)
+# Snapshots, fork, pause/resume (sandboxes/snapshots.py): archives live under this directory;
+# per organization at most this many snapshots (the reaper's archives not counted) and this
+# many stored bytes (archives counted); a sandbox paused this long is archived by the reaper.
+SANDPIT_SNAPSHOT_DIR = Path(env_str("SANDPIT_SNAPSHOT_DIR", str(VAR_DIR / "snapshots")))
+SANDPIT_MAX_SNAPSHOTS_PER_ORG = env_int("SANDPIT_MAX_SNAPSHOTS_PER_ORG", 20)
+SANDPIT_MAX_SNAPSHOT_BYTES_PER_ORG = env_int("SANDPIT_MAX_SNAPSHOT_BYTES_PER_ORG", 5 * 1024**3)
+SANDPIT_PAUSED_ARCHIVE_AFTER_S = env_int("SANDPIT_PAUSED_ARCHIVE_AFTER_S", 3600)
 # The E2B-compatible API (e2bcompat/): the domain `sandbox.get_host(port)` answers under
 # (`<port>-<sandbox id>.<domain>`, served by the preview proxy); empty: no host-named previews.
 SANDPIT_E2B_DOMAIN = env_str("SANDPIT_E2B_DOMAIN", "")

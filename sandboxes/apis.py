@@ -29,6 +29,7 @@ from . import services
 from .caller import Caller, StoredResponse, request_begin, request_finish
 from .models import Sandbox
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
+from .snapshots import snapshot_get_for_principal
 
 MAX_IDEMPOTENCY_KEY = 255
 PATH_PARAM = OpenApiParameter(
@@ -202,7 +203,14 @@ class SandboxListApi(SandboxApi):
         data = _validated(s.SandboxCreateInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
-        provider_name = services.provider_name_check(data.get("provider"))
+        snapshot = None
+        if data.get("snapshot"):  # its own provider unless one is asked for
+            snapshot = snapshot_get_for_principal(principal=principal, snapshot_id=data["snapshot"])
+        provider_name = (
+            services.provider_name_check(data.get("provider"))
+            if snapshot is None or data.get("provider")
+            else None
+        )
 
         def run(caller: Caller) -> Response:
             sandbox = services.sandbox_create(
@@ -215,6 +223,7 @@ class SandboxListApi(SandboxApi):
                 resources=data.get("resources"),
                 env=data.get("env"),
                 metadata=data.get("metadata"),
+                snapshot=snapshot,
             )
             return Response(s.SandboxOutput(sandbox).data, status=status.HTTP_201_CREATED)
 

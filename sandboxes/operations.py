@@ -43,6 +43,7 @@ from .providers import configured_provider_names, get_provider
 from .providers.base import Capability, ExecRequest, ProviderError, SandboxGone, SandboxHandle
 from .providers.base import SandboxState as HandleState
 from .services import provider_for, sandbox_destroy, sandbox_transition
+from .snapshots import paused_sandboxes_archive
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class ReapReport:
     kept_alive: list[str] = field(default_factory=list)
     """Idle by the clock but running user processes: activity was bumped instead."""
     failed: list[str] = field(default_factory=list)
+    archived: list[str] = field(default_factory=list)
+    """Paused past SANDPIT_PAUSED_ARCHIVE_AFTER_S (or their max lifetime): snapshotted and
+    stopped (sandboxes/snapshots.py)."""
     leftovers: ReconcileReport | None = None
 
 
@@ -236,6 +240,10 @@ def reap_sandboxes(*, now: datetime | None = None, sweep_leftovers: bool = True)
             except Exception:  # noqa: BLE001 - isolate one sandbox's failure from the fleet
                 report.failed.append(sandbox.id)
                 logger.exception("reaping failed")
+    # Paused sandboxes are not idle (their clock stopped) but do not stay paused forever.
+    report.archived = paused_sandboxes_archive(now=now)
+    if report.archived:
+        logger.info("reaper: %d paused sandboxes archived", len(report.archived))
     if report.reaped_idle or report.reaped_max_lifetime or report.kept_alive or report.failed:
         logger.info(
             "reaper: %d idle, %d max lifetime, %d kept alive, %d failed",
@@ -299,7 +307,11 @@ def _reconcile_provider_orphans(provider_name: str, now: datetime, report: Recon
                     if handle.created_at <= now - grace:
                         _destroy_orphan(provider_name, handle, report)
                     continue
-                if row["state"] not in (SandboxState.DESTROYED, SandboxState.ERROR):
+                if row["state"] not in (
+                    SandboxState.DESTROYED,
+                    SandboxState.ERROR,
+                    SandboxState.ARCHIVED,  # an archived sandbox keeps only its snapshot
+                ):
                     continue  # live (or stopped, which keeps its resource by design)
                 # The row is destroyed (or error) but the resource lives: a destroy that
                 # crashed or failed, or a create that failed half-way. Wait out the grace so

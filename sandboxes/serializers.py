@@ -138,6 +138,12 @@ class SandboxCreateInput(InputSerializer):
         help_text="Outbound network access (only where the organization allows it).",
     )
     resources = ResourcesInput(required=False, help_text="Limits for the sandbox.")
+    snapshot = StrictCharField(
+        required=False,
+        max_length=40,
+        help_text="A snapshot id (snp_...) to start from: its files, provider and template "
+        "(a fork); resources default to those of the sandbox it was taken from.",
+    )
     env = EnvField(help_text="Environment variables for every command, name to value.")
     metadata = serializers.JSONField(
         required=False,
@@ -188,11 +194,13 @@ class SandboxOutput(serializers.ModelSerializer):
             "created_at",
             "started_at",
             "stopped_at",
+            "paused_at",
             "destroyed_at",
             "last_activity_at",
             "expires_at",
             "error_message",
             "destroy_reason",
+            "snapshot",
         ]
 
 

@@ -36,7 +36,7 @@ from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
 from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
-from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState
+from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState, Snapshot
 from .providers import (
     configured_provider_names,
     get_provider,
@@ -61,6 +61,7 @@ from .providers.base import (
     SandboxStats,
     detect_language,
 )
+from .snapshot_store import archives_drop
 from .terminal_registry import terminals_close_for_sandbox
 
 __all__ = [  # re-exported: interfaces import the door from here
@@ -124,6 +125,13 @@ def sandbox_transition(
 
 
 def _require_running(sandbox: Sandbox) -> None:
+    if sandbox.state in (SandboxState.PAUSED, SandboxState.ARCHIVED):
+        # Never resumed behind the caller's back: resuming is counted and may restart it.
+        raise Conflict(
+            f"Sandbox {sandbox.id} is {sandbox.state}: resume it first "
+            f"(POST /api/v1/sandboxes/{sandbox.id}/resume).",
+            code="sandbox_paused",
+        )
     if sandbox.state != SandboxState.RUNNING:
         raise Conflict(
             f"Sandbox {sandbox.id} is {sandbox.state}, not running.", code="sandbox_not_running"
@@ -152,6 +160,12 @@ def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: igno
 # --- lifecycle ------------------------------------------------------------------------
 
 
+CAPPED_STATES = (*LIVE_STATES, SandboxState.PAUSED)
+"""States counted against the concurrent-sandboxes cap: a paused sandbox keeps its memory
+and its provider resource, so it still takes a place; an archived one holds only a
+snapshot, so it does not (resuming it takes a place again)."""
+
+
 def max_concurrent_sandboxes(organization: Organization) -> int:
     return organization.max_concurrent_sandboxes or settings.SANDPIT_MAX_CONCURRENT_SANDBOXES
 
@@ -168,6 +182,22 @@ def resources_from_request(requested: Mapping[str, Any] | None) -> Resources:
     )
 
 
+def _from_snapshot(
+    snapshot: Snapshot, provider_name: str | None, resources: Mapping[str, Any] | None
+) -> tuple[str, str, Mapping[str, Any] | None]:
+    """(provider, template, resources) of a sandbox started from `snapshot`."""
+    if snapshot.state != "ready":
+        raise Conflict(f"Snapshot {snapshot.id} is {snapshot.state}.", code="snapshot_not_ready")
+    if provider_name and resolve_provider_name(provider_name) != snapshot.provider:
+        raise Conflict(
+            f"Snapshot {snapshot.id} was taken on the '{snapshot.provider}' provider and can "
+            'only start sandboxes there: leave out "provider" or ask for that one.',
+            code="snapshot_provider_mismatch",
+        )
+    source = snapshot.sandbox.resources if snapshot.sandbox is not None else {}
+    return snapshot.provider, snapshot.template, {**(source or {}), **(resources or {})}
+
+
 def sandbox_create(
     *,
     principal: Principal,
@@ -180,15 +210,22 @@ def sandbox_create(
     metadata: Mapping[str, Any] | None = None,
     ephemeral: bool = False,
     caller: Caller | None = None,
+    snapshot: Snapshot | None = None,
 ) -> Sandbox:
     """Create a sandbox row and the provider resource, counted once (feature 'sandbox') on
     `caller`'s account (default: the principal's). Raises PaymentRequired (402), QuotaExceeded
     (429) past the organization's concurrent limit, Forbidden when network is asked for but
-    not allowed."""
+    not allowed.
+
+    `snapshot` (already resolved for the organization): start with its files, on its
+    provider and template, with the resources of the sandbox it was taken from unless
+    given; Conflict 'snapshot_not_ready' or 'snapshot_provider_mismatch'."""
     caller = caller or Caller(principal)
     # The one door's order (authorize, create, record), spelled out rather than wrapped so
     # the body keeps its shape.
     billing_authorize(caller, "sandbox")
+    if snapshot is not None:
+        provider_name, template, resources = _from_snapshot(snapshot, provider_name, resources)
     organization = principal.organization
     provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
     if network and not organization.allow_network:
@@ -220,7 +257,7 @@ def sandbox_create(
     with fast_commit():
         # Lock the organization row briefly so two creates cannot both pass the limit.
         Organization.objects.select_for_update().filter(pk=organization.pk).first()
-        live = Sandbox.objects.filter(organization=organization, state__in=LIVE_STATES).count()
+        live = Sandbox.objects.filter(organization=organization, state__in=CAPPED_STATES).count()
         if live >= limit:
             raise QuotaExceeded(
                 f"This organization already has {live} live sandboxes (limit {limit}). "
@@ -240,6 +277,7 @@ def sandbox_create(
             metadata=dict(metadata or {}),
             ephemeral=ephemeral,
             expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
+            snapshot=snapshot,
         )
     spec = SandboxSpec(
         sandbox_id=sandbox.id,
@@ -254,6 +292,7 @@ def sandbox_create(
             **(engine_spec_labels(organization, template) if provider.name == "docker" else {}),
         },
         runtime=runtime,
+        restore_from=snapshot.location if snapshot is not None else "",
     )
     release_idle_connection()  # not held while the sandbox starts (playground/dbconn.py)
     try:
@@ -322,6 +361,7 @@ def _destroy(sandbox: Sandbox, *, reason: str, only_if_idle: bool) -> bool:
             counter_inc("provider_errors", provider=sandbox.provider, operation="destroy")
             logger.exception("provider destroy failed", extra={"sandbox_id": sandbox.id})
     terminals_close_for_sandbox(sandbox.id)
+    archives_drop(sandbox)  # nothing will resume from the reaper's snapshots of it now
     sandbox_event_broadcast(sandbox.id, {"type": "status", "state": "destroyed", "reason": reason})
     logger.info("sandbox destroyed (%s)", reason, extra={"sandbox_id": sandbox.id})
     return True

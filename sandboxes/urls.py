@@ -56,3 +56,23 @@ urlpatterns += [
     ),
     path(f"{sandbox}/ports", realtime_apis.PortListApi.as_view(), name="api-sandbox-ports"),
 ]
+
+# Snapshots, fork, pause/resume (sandboxes/snapshot_apis.py)
+from . import snapshot_apis  # noqa: E402
+
+urlpatterns += [
+    path(
+        f"{sandbox}/snapshots",
+        snapshot_apis.SandboxSnapshotListApi.as_view(),
+        name="api-sandbox-snapshots",
+    ),
+    path(f"{sandbox}/fork", snapshot_apis.SandboxForkApi.as_view(), name="api-sandbox-fork"),
+    path(f"{sandbox}/pause", snapshot_apis.SandboxPauseApi.as_view(), name="api-sandbox-pause"),
+    path(f"{sandbox}/resume", snapshot_apis.SandboxResumeApi.as_view(), name="api-sandbox-resume"),
+    path("snapshots", snapshot_apis.SnapshotListApi.as_view(), name="api-snapshots"),
+    path(
+        "snapshots/<str:snapshot_id>",
+        snapshot_apis.SnapshotDetailApi.as_view(),
+        name="api-snapshot",
+    ),
+]

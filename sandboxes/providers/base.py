@@ -130,6 +130,11 @@ class Capability(enum.StrEnum):
     PTY = "pty"
     WATCH = "watch"
     PORTS = "ports"
+    PAUSE = "pause"
+    """Freeze and thaw every process, memory kept (SnapshotProvider.pause/resume)."""
+    SNAPSHOT = "snapshot"
+    """Save the writable file system to an archive and start sandboxes from one
+    (SnapshotProvider.snapshot, SandboxSpec.restore_from)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,9 @@ class SandboxSpec:
     runtime: str = ""
     """The Docker runtime to run under ('runc', 'runsc' for gVisor); empty = the provider's
     default. Providers without runtimes ignore it."""
+    restore_from: str = ""
+    """A snapshot archive (SnapshotResult.location) whose files the sandbox starts with, in
+    /workspace and /tmp; empty: a fresh sandbox. Only for providers with Capability.SNAPSHOT."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,18 @@ class SandboxHandle:
     state: SandboxState
     created_at: datetime
     labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    """An archive a provider wrote of a sandbox's writable file system."""
+
+    location: str
+    """Where it is (the archive's path); what SandboxSpec.restore_from takes."""
+    size_bytes: int
+    """Bytes stored (compressed)."""
+    content_bytes: int
+    """Bytes of the uncompressed archive (file contents plus headers)."""
 
 
 @dataclass(frozen=True)
@@ -506,6 +526,27 @@ class StreamingProvider(SandboxProvider, Protocol):
         """Start `request` and stream it (see ExecStream). `request.stdin`, when given, is
         written first; `timeout_s` kills the tree (exit event with timed_out);
         `max_output_bytes` does not apply."""
+        ...
+
+
+@runtime_checkable
+class SnapshotProvider(SandboxProvider, Protocol):
+    """A provider that pauses sandboxes and snapshots their files (local, docker); the
+    services use it only after checking Capability.PAUSE or Capability.SNAPSHOT."""
+
+    def pause(self, provider_id: str) -> None:
+        """Freeze every process of the sandbox; memory stays. Idempotent."""
+        ...
+
+    def resume(self, provider_id: str) -> None:
+        """Thaw what `pause` froze. Idempotent."""
+        ...
+
+    def snapshot(self, provider_id: str, target: str, max_bytes: int) -> SnapshotResult:
+        """Archive /workspace and /tmp (everything the sandbox can write) to the new file
+        `target`, running or paused (a paused sandbox stays paused). Setuid and setgid bits
+        are dropped. Raises ResourceExhausted once more than `max_bytes` would be stored
+        (nothing is left at `target` then), SandboxGone."""
         ...
 
 

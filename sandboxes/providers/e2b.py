@@ -275,7 +275,8 @@ class E2BProvider:
     """
 
     name = "e2b"
-    capabilities = frozenset(Capability)
+    # E2B pauses and snapshots in its own cloud; Sandpit does not drive that (yet).
+    capabilities = frozenset(Capability) - {Capability.PAUSE, Capability.SNAPSHOT}
 
     def __init__(
         self,

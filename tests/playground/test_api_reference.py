@@ -21,6 +21,9 @@ BODY_METHODS = ("post", "put", "patch")
 # POSTs that take no body, by design (the URL says everything).
 BODILESS = {
     ("post", "/api/v1/invitations/{invitation_id}/resend"): "the invitation is in the URL",
+    ("post", "/api/v1/sandboxes/{sandbox_id}/pause"): "the sandbox is in the URL",
+    ("post", "/api/v1/sandboxes/{sandbox_id}/resume"): "the sandbox is in the URL",
+    ("post", "/api/v1/sandboxes/{sandbox_id}/fork"): "the sandbox is in the URL",
 }
 
 

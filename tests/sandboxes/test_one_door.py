@@ -67,6 +67,16 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/v1/sandboxes/<str:sandbox_id>/terminals/<str:terminal_id>", "DELETE"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/terminals/<str:terminal_id>/resize", "POST"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/ports", "GET"): 1,
+    # snapshots, fork, pause/resume (deleting a snapshot frees storage: not counted)
+    ("api/v1/sandboxes/<str:sandbox_id>/snapshots", "GET"): 0,
+    ("api/v1/sandboxes/<str:sandbox_id>/snapshots", "POST"): 1,
+    ("api/v1/snapshots", "GET"): 0,
+    ("api/v1/snapshots/<str:snapshot_id>", "GET"): 0,
+    ("api/v1/snapshots/<str:snapshot_id>", "DELETE"): 0,
+    ("api/v1/sandboxes", "POST snapshot"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/fork", "POST"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/pause", "POST"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/resume", "POST"): 1,
     # WebSocket routes (connecting counts nothing; each operation on the socket does)
     ("ws/sandboxes/<str:sandbox_id>/terminals/<str:terminal_id>", "input line"): 1,
     ("ws/sandboxes/<str:sandbox_id>/events", "connect"): 0,
@@ -102,8 +112,12 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/docs/", "GET"): NOT_SANDBOX,
 }
 
-VARIANTS = {("api/v1/sandboxes/<str:sandbox_id>/commands", "POST background")}
-"""A route's second way in, driven on its own: a background command starts a process."""
+VARIANTS = {
+    ("api/v1/sandboxes/<str:sandbox_id>/commands", "POST background"),
+    ("api/v1/sandboxes", "POST snapshot"),
+}
+"""A route's second way in, driven on its own: a background command starts a process; a
+create from a snapshot restores its files."""
 
 WS_OPERATIONS = {
     "ws/sandboxes/<str:sandbox_id>/terminals/<str:terminal_id>": {"input line"},
@@ -204,8 +218,9 @@ class Meter:
 
 
 def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-untyped-def]
-    monkeypatch, api_a, key_a, local_sandboxes
+    monkeypatch, api_a, key_a, local_sandboxes, settings, tmp_path
 ):
+    settings.SANDPIT_SNAPSHOT_DIR = tmp_path / "snapshots"
     meter = Meter()
     monkeypatch.setattr(caller_module, "metering_record", meter.record)
     counted: dict[tuple[str, str], int] = {}
@@ -368,6 +383,25 @@ def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-unty
         assert (await ws.connect(timeout=20))[0]
         await eventually((preview, "websocket"), before, 1)
         await ws.disconnect()
+
+        # snapshots, fork, pause/resume
+        snaps = f"{sbx}/snapshots"
+        taken = await arest((snaps, "POST"), "POST", f"{base}/snapshots", {"name": "s"})
+        await arest((snaps, "GET"), "GET", f"{base}/snapshots")
+        await arest(("api/v1/snapshots", "GET"), "GET", "/api/v1/snapshots")
+        one_snapshot = "api/v1/snapshots/<str:snapshot_id>"
+        snapshot_url = f"/api/v1/snapshots/{taken.json()['id']}"
+        await arest((one_snapshot, "GET"), "GET", snapshot_url)
+        await arest(
+            ("api/v1/sandboxes", "POST snapshot"),
+            "POST",
+            "/api/v1/sandboxes",
+            {"snapshot": taken.json()["id"]},
+        )
+        await arest((f"{sbx}/fork", "POST"), "POST", f"{base}/fork", {})
+        await arest((one_snapshot, "DELETE"), "DELETE", snapshot_url)
+        await arest((f"{sbx}/pause", "POST"), "POST", f"{base}/pause", {})
+        await arest((f"{sbx}/resume", "POST"), "POST", f"{base}/resume", {})
 
         await arest((sbx, "DELETE"), "DELETE", base)
 

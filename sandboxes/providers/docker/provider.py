@@ -82,6 +82,7 @@ from .pool import CreateGate, DockerPool, forget_claim, read_claim
 from .pool import view as pool_view
 from .relay import ExecBridge
 from .sessions import DockerWatch
+from .snapshot import DockerSnapshots
 
 WORKSPACE = "/workspace"
 AGENT_RUN_DIR = "/run/sandpit"
@@ -152,7 +153,7 @@ class _Target:
     """The agent bundle the container runs (its command's path in the image)."""
 
 
-class DockerProvider:
+class DockerProvider(DockerSnapshots):
     """Sandboxes as hardened containers on a local (or DOCKER_HOST) Docker engine."""
 
     name = "docker"
@@ -286,7 +287,7 @@ class DockerProvider:
             "restarting": SandboxState.RUNNING,
             "created": SandboxState.STOPPED,
             "exited": SandboxState.STOPPED,
-            "paused": SandboxState.STOPPED,
+            "paused": SandboxState.RUNNING,  # frozen by pause(), alive
             "dead": SandboxState.ERROR,
             "removing": SandboxState.GONE,
         }
@@ -552,6 +553,8 @@ class DockerProvider:
         try:
             with translate(cid):
                 api.start(cid)
+            if spec.restore_from:  # the snapshot's files, before anyone may use it
+                self._restore_into(cid, spec.restore_from)
         except BaseException:
             with translate():
                 try:

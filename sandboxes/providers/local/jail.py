@@ -84,7 +84,8 @@ _MASKED_PROC_DIRS = (
     "/proc/irq",
     "/proc/bus",
 )
-_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+# freezer: pause/resume (snapshot.py); joined from the jail's first instruction like the rest.
 
 
 # ---------------------------------------------------------------------------
@@ -352,9 +353,8 @@ def write_shared_etc(etc_dir: Path) -> None:
 
 
 def install_agent(target: Path) -> None:
-    """Copy the agent bundle where every jail uid may read it (the source tree may not be),
-    compiled by the jails' interpreter (bwrap_argv runs /usr/bin/python3)."""
-    agent_bundle.install(target, python="/usr/bin/python3")
+    """Copy the agent bundle where every jail uid may read it (the source tree may not be)."""
+    agent_bundle.install(target)
 
 
 def bwrap_argv(

@@ -63,6 +63,12 @@ from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
+from sandboxes.providers.local.snapshot import (
+    LocalSnapshots,
+    cgroups_thaw,
+    jail_frozen,
+    restore_files,
+)
 from sandboxes.providers.local.watch import WorkspaceWatch
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -82,7 +88,7 @@ BWRAP_INSTALL_HINT = (
 )
 
 
-class LocalProvider:
+class LocalProvider(LocalSnapshots):
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
 
     `warm_pool` is how many idle jails to keep started for `create` to claim (0: none);
@@ -180,7 +186,7 @@ class LocalProvider:
             sdir.mkdir(mode=0o700)
         except FileExistsError:
             raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
-        if self._pool is not None and not spec.network:
+        if self._pool is not None and not spec.network and not spec.restore_from:
             handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
             if handle is not None:
                 return handle
@@ -293,6 +299,8 @@ class LocalProvider:
             for sub in volume.SUBDIRS:
                 (sdir / sub).mkdir(mode=0o755)
         _hand_over_dirs(sdir, host_uid)
+        if spec.restore_from:  # before anything of the sandbox runs (snapshot.py)
+            restore_files(self.bwrap_path, spec.restore_from, sdir, host_uid)
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         if warm:  # let it start without slowing the sandboxes in use
             jail.cgroups_set_background(cgroups, True)
@@ -451,7 +459,7 @@ class LocalProvider:
         if state is None:
             _, state = self._state(provider_id)
         running = jail.jail_alive(state)
-        if running and ping:
+        if running and ping and not jail_frozen(state):  # a paused agent cannot answer
             try:
                 self._call(provider_id, {"op": "ping"}, timeout=2.0)
             except ProviderError:
@@ -512,6 +520,7 @@ class LocalProvider:
         if state is not None:
             jail.kill_if_same(state.jail_pid, state.jail_start_ticks)
             jail.kill_if_same(state.slirp_pid, state.slirp_start_ticks)
+            cgroups_thaw(state.cgroups)  # a paused jail's tasks die only once thawed
         with self._lock:
             proc = self._bwraps.pop(provider_id, None)
         if proc is not None:
