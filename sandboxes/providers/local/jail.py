@@ -353,8 +353,9 @@ def write_shared_etc(etc_dir: Path) -> None:
 
 
 def install_agent(target: Path) -> None:
-    """Copy the agent bundle where every jail uid may read it (the source tree may not be)."""
-    agent_bundle.install(target)
+    """Copy the agent bundle where every jail uid may read it (the source tree may not be),
+    compiled by the jails' interpreter (bwrap_argv runs /usr/bin/python3)."""
+    agent_bundle.install(target, python="/usr/bin/python3")
 
 
 def bwrap_argv(
