@@ -549,6 +549,11 @@ class SnapshotProvider(SandboxProvider, Protocol):
         (nothing is left at `target` then), SandboxGone."""
         ...
 
+    def snapshot_remove(self, location: str) -> bool:
+        """Delete a snapshot archive (a file on Sandpit's host for local and docker); False
+        when it was already gone."""
+        ...
+
 
 # language auto-detection, shared by every provider (the seeds' rule)
 _PYTHON_HINTS = ("print(", "import ", "def ", 'f"', "f'", "__", "sys.", "json.")

@@ -102,6 +102,10 @@ class DockerSnapshots:
                 with translate(cid):
                     api.pause(cid)
 
+    def snapshot_remove(self, location: str) -> bool:
+        """Delete a snapshot archive; False when it was already gone."""
+        return remove_archive(location)
+
     def _restore_into(self, cid: str, location: str) -> None:
         """Unpack the snapshot at `location` into the new container's /workspace and /tmp
         (as the sandbox's user, so ownership is the sandbox's and setuid bits go).

@@ -262,6 +262,10 @@ class LocalSnapshots:
             if froze:
                 freezer_set(path, THAWED)
 
+    def snapshot_remove(self, location: str) -> bool:
+        """Delete a snapshot archive; False when it was already gone."""
+        return remove_archive(location)
+
     def _archive(self, sdir: Path, host_uid: int, target: Path, max_bytes: int) -> SnapshotResult:
         with tempfile.TemporaryFile() as log:
             try:
