@@ -39,6 +39,24 @@ def test_compose_services_healthchecks_and_volumes(compose):
     assert {"postgres-data", "redis-data"} <= set(compose["volumes"])
 
 
+def test_compose_scales_out_web_and_workers(compose):
+    """`docker compose up --scale web=3 --scale worker=2`: no web or worker replica claims a
+    host port or a fixed container name (either would clash); `proxy` is the one published
+    port and finds the web replicas by the service name, again and again (scaling later
+    needs no reload); exactly one beat."""
+    services = compose["services"]
+    for name in ("web", "worker"):
+        assert "ports" not in services[name], name
+        assert "container_name" not in services[name], name
+    assert [name for name, service in services.items() if service.get("ports")] == ["proxy"]
+    assert services["proxy"]["depends_on"]["web"]["condition"] == "service_healthy"
+    assert services["proxy"]["healthcheck"]["test"]
+    (mount,) = [v for v in services["proxy"]["volumes"] if v.endswith(":/etc/caddy/Caddyfile:ro")]
+    caddyfile = (ROOT / mount.split(":")[0]).read_text()
+    assert re.search(r"dynamic a \{\s*name web\s*port 8000\s*refresh \d+s", caddyfile)
+    assert services["beat"]["deploy"]["replicas"] == 1
+
+
 def test_env_example_documents_every_setting():
     settings_src = (ROOT / "playground/settings.py").read_text()
     read = set(re.findall(r'env_(?:str|int|bool|list)\("([A-Z0-9_]+)"', settings_src))
@@ -59,8 +77,13 @@ def test_compose_config_validates(tmp_path):
         missing_part("neither `docker compose` nor docker-compose is installed")
     shutil.copy(ROOT / "docker-compose.yml", tmp_path / "docker-compose.yml")
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
-    result = subprocess.run([*cmd, "config", "-q"], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run([*cmd, "config"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    # What compose makes of it: the proxy alone binds the host port, where the README says.
+    resolved = yaml.safe_load(result.stdout)["services"]
+    published = {name: s["ports"] for name, s in resolved.items() if s.get("ports")}
+    assert list(published) == ["proxy"]
+    assert "127.0.0.1:8000:8000" in str(published["proxy"][0])
 
 
 @pytest.mark.docker
