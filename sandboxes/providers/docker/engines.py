@@ -1,17 +1,7 @@
-"""Several Docker engines behind the `docker` provider: the engine list, placement, routing.
+"""Several Docker engines behind the `docker` provider: placement and routing.
 
-SANDPIT_DOCKER_HOSTS lists the engines, separated by commas or whitespace; each is a URL
-with options after `#`, joined by `&`:
-
-    unix:///var/run/docker.sock#name=a,
-    tcp://10.0.0.7:2376#name=b&label=gpu&tls_ca=/etc/sandpit/ca.pem&tls_cert=/etc/sandpit/cert.pem&tls_key=/etc/sandpit/key.pem
-
-Options: `name` (required with several engines; what Sandbox.engine records), `label`
-(repeatable: what organizations or templates may require), `tls=1` (TLS with the system's
-CAs), `tls_ca`/`tls_cert`/`tls_key` (files; any of them turns TLS on and verifies),
-`memory_mb` (the memory placement plans with; default the engine's MemTotal) and
-`max_sandboxes` (a hard cap of running sandboxes on the engine; default none). Empty: one
-engine named "default" at DOCKER_HOST, as before.
+The engine list (SANDPIT_DOCKER_HOSTS) is parsed in engine_config.py; the sandbox
+operations are routed.py's.
 
 Placement (`create`): among the engines that carry the label the sandbox requires (the
 `sandpit.engine_label` label of the spec), answer, have the sandbox's runtime and are under
@@ -40,162 +30,44 @@ returning a new SandboxHandle must be wrapped here explicitly (its id needs its 
 from __future__ import annotations
 
 import inspect
-import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import docker
 import docker.errors
-import docker.tls
 
-from sandboxes.providers.agent_client import AgentExecStream, AgentPortStream
 from sandboxes.providers.base import (
     Capability,
-    ExecRequest,
-    ExecResult,
-    FileEntry,
-    FileEvent,
-    OpenPort,
-    ProcessInfo,
     ProviderError,
     ProviderHealth,
     ProviderNotConfigured,
     ProviderUnavailable,
-    PtySession,
     SandboxGone,
     SandboxHandle,
     SandboxSpec,
     SandboxStats,
 )
 
+from .engine_config import (
+    DEFAULT_ENGINE,
+    DOWN_RETRY_S,
+    LABEL_ENGINE,
+    LABEL_MEMORY,
+    PROBE_TIMEOUT_S,
+    REQUIRED_LABEL,
+    EngineConfig,
+    EngineStatus,
+    parse_engines,
+)
 from .errors import translate
 from .provider import DockerProvider
-
-DEFAULT_ENGINE = "default"
-LABEL_ENGINE = "engine"
-"""Container label (under the provider's prefix): the engine's name."""
-LABEL_MEMORY = "memory_mb"
-"""Container label: the sandbox's memory limit, which placement adds up per engine."""
-REQUIRED_LABEL = "sandpit.engine_label"
-"""Spec label set by Sandpit: the engine label the sandbox requires ('' or absent: any)."""
-PROBE_TIMEOUT_S = 3
-"""How long a ping or list waits for an engine before it counts as not answering."""
-DOWN_RETRY_S = 5.0
-"""How long an engine that did not answer fails calls at once before it is tried again."""
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-_OPTIONS = {"name", "label", "tls", "tls_ca", "tls_cert", "tls_key", "memory_mb", "max_sandboxes"}
+from .routed import RoutedOperations
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """One SANDPIT_DOCKER_HOSTS entry."""
-
-    name: str
-    url: str
-    labels: frozenset[str] = frozenset()
-    tls: bool = False
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    memory_mb: int = 0
-    """The memory placement plans with; 0: the engine's own MemTotal."""
-    max_sandboxes: int = 0
-    """Most running sandboxes placed on it; 0: no cap."""
-
-    def tls_config(self) -> docker.tls.TLSConfig | None:
-        if not (self.tls or self.tls_ca or self.tls_cert or self.tls_key):
-            return None
-        cert = (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
-        return docker.tls.TLSConfig(client_cert=cert, ca_cert=self.tls_ca or None, verify=True)
-
-    @property
-    def shown_url(self) -> str:
-        """The URL without options (TLS file paths stay out of health pages)."""
-        return self.url
-
-
-def parse_engines(value: str, default_url: str) -> list[EngineConfig]:
-    """SANDPIT_DOCKER_HOSTS -> engines, in order (the first keeps bare provider ids).
-    Raises ProviderNotConfigured naming what is wrong."""
-    entries = [entry for entry in re.split(r"[\s,]+", value.strip()) if entry]
-    if not entries:
-        return [EngineConfig(name=DEFAULT_ENGINE, url=default_url)]
-    engines: list[EngineConfig] = []
-    for entry in entries:
-        url, _, fragment = entry.partition("#")
-        if not url.startswith(("unix://", "tcp://")):
-            raise ProviderNotConfigured(
-                f"SANDPIT_DOCKER_HOSTS: {url!r} is not a unix:// or tcp:// engine URL."
-            )
-        options: dict[str, str] = {}
-        labels: set[str] = set()
-        for pair in filter(None, fragment.split("&")):
-            key, sep, val = pair.partition("=")
-            if not sep or key not in _OPTIONS:
-                raise ProviderNotConfigured(
-                    f"SANDPIT_DOCKER_HOSTS: unknown option {pair!r} for {url} "
-                    f"(known: {', '.join(sorted(_OPTIONS))})."
-                )
-            if key == "label":
-                labels.add(val)
-            else:
-                options[key] = val
-        name = options.get("name") or (DEFAULT_ENGINE if len(entries) == 1 else "")
-        if not _NAME.fullmatch(name):
-            raise ProviderNotConfigured(
-                f"SANDPIT_DOCKER_HOSTS: {url} needs a name=<a-z0-9._-> option "
-                "(required when there are several engines)."
-            )
-        try:
-            memory_mb = int(options.get("memory_mb") or 0)
-            max_sandboxes = int(options.get("max_sandboxes") or 0)
-        except ValueError:
-            raise ProviderNotConfigured(
-                f"SANDPIT_DOCKER_HOSTS: memory_mb and max_sandboxes of {name} are integers."
-            ) from None
-        engines.append(
-            EngineConfig(
-                name=name,
-                url=url,
-                labels=frozenset(labels),
-                tls=options.get("tls", "") in ("1", "true", "yes"),
-                tls_ca=options.get("tls_ca", ""),
-                tls_cert=options.get("tls_cert", ""),
-                tls_key=options.get("tls_key", ""),
-                memory_mb=memory_mb,
-                max_sandboxes=max_sandboxes,
-            )
-        )
-    names = [engine.name for engine in engines]
-    if len(set(names)) != len(names):
-        raise ProviderNotConfigured(f"SANDPIT_DOCKER_HOSTS: engine names repeat ({names}).")
-    return engines
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    """One engine as seen now."""
-
-    name: str
-    url: str
-    labels: tuple[str, ...]
-    ok: bool
-    detail: str
-    latency_ms: float
-    sandboxes: int = 0
-    """Running sandboxes of this installation on it."""
-    memory_reserved_mb: int = 0
-    """Sum of their memory limits."""
-    memory_capacity_mb: int = 0
-    max_sandboxes: int = 0
-    runtimes: tuple[str, ...] = ()
-    sandbox_ids: frozenset[str] = field(default=frozenset(), repr=False)
-
-
-class DockerEngines:
+class DockerEngines(RoutedOperations):
     """The `docker` provider over one or more engines (see the module docstring)."""
 
     name = "docker"
@@ -560,110 +432,13 @@ class DockerEngines:
             if close is not None:
                 close()
 
-    # -- everything else goes to the sandbox's engine ------------------------------------------
-
-    def exec(self, provider_id: str, request: ExecRequest) -> ExecResult:
-        result: ExecResult = self._routed(provider_id, "exec", request)
-        return result
-
-    def exec_stream(self, provider_id: str, request: ExecRequest) -> AgentExecStream:
-        stream: AgentExecStream = self._routed(provider_id, "exec_stream", request)
-        return stream
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        result: ExecResult = self._routed(provider_id, "run_code", code, language, timeout_s, stdin)
-        return result
-
-    def read_file(
-        self, provider_id: str, path: str, offset: int = 0, length: int | None = None
-    ) -> bytes:
-        data: bytes = self._routed(provider_id, "read_file", path, offset, length)
-        return data
-
-    def write_file(self, provider_id: str, path: str, data: bytes) -> FileEntry:
-        entry: FileEntry = self._routed(provider_id, "write_file", path, data)
-        return entry
-
-    def mkdir(self, provider_id: str, path: str) -> FileEntry:
-        entry: FileEntry = self._routed(provider_id, "mkdir", path)
-        return entry
-
-    def list_files(self, provider_id: str, path: str, recursive: bool = False) -> list[FileEntry]:
-        entries: list[FileEntry] = self._routed(provider_id, "list_files", path, recursive)
-        return entries
-
-    def stat(self, provider_id: str, path: str) -> FileEntry:
-        entry: FileEntry = self._routed(provider_id, "stat", path)
-        return entry
-
-    def exists(self, provider_id: str, path: str) -> bool:
-        return bool(self._routed(provider_id, "exists", path))
-
-    def remove(self, provider_id: str, path: str, recursive: bool = False) -> None:
-        self._routed(provider_id, "remove", path, recursive)
-
-    def move(self, provider_id: str, src: str, dst: str) -> FileEntry:
-        entry: FileEntry = self._routed(provider_id, "move", src, dst)
-        return entry
-
-    def start_process(
-        self,
-        provider_id: str,
-        command: str,
-        args: Sequence[str] | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> ProcessInfo:
-        info: ProcessInfo = self._routed(provider_id, "start_process", command, args, cwd, env)
-        return info
-
-    def list_processes(self, provider_id: str) -> list[ProcessInfo]:
-        processes: list[ProcessInfo] = self._routed(provider_id, "list_processes")
-        return processes
-
-    def signal_process(self, provider_id: str, pid: int, signal: int) -> None:
-        self._routed(provider_id, "signal_process", pid, signal)
-
-    def open_pty(
-        self,
-        provider_id: str,
-        cols: int = 80,
-        rows: int = 24,
-        shell: str | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> PtySession:
-        session: PtySession = self._routed(provider_id, "open_pty", cols, rows, shell, cwd, env)
-        return session
-
-    def open_ports(self, provider_id: str) -> list[OpenPort]:
-        ports: list[OpenPort] = self._routed(provider_id, "open_ports")
-        return ports
-
-    def connect_port(self, provider_id: str, port: int) -> AgentPortStream:
-        stream: AgentPortStream = self._routed(provider_id, "connect_port", port)
-        return stream
-
-    def watch(
-        self, provider_id: str, path: str, recursive: bool = True
-    ) -> Iterator[list[FileEvent]]:
-        watch: Iterator[list[FileEvent]] = self._routed(provider_id, "watch", path, recursive)
-        return watch
-
 
 def engines_of(provider: object) -> DockerEngines | None:
     """The engine fleet behind a provider instance, or None for other providers."""
     return provider if isinstance(provider, DockerEngines) else None
 
 
-__all__ = [
+__all__ = [  # what the rest of Sandpit imports from here
     "DEFAULT_ENGINE",
     "REQUIRED_LABEL",
     "DockerEngines",
