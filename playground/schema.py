@@ -19,6 +19,7 @@ PATH_PARAMETERS: dict[str, tuple[type, str]] = {
     "member_id": (int, "The membership's id, as the member list returns it."),
     "invitation_id": (int, "The invitation's id, as the invitation list returns it."),
     "snapshot_id": (str, "The snapshot's id, as snapshot create and list return it (snp_...)."),
+    "template_id": (str, "The template's id, as template create and list return it (tpl_...)."),
 }
 
 

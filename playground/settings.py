@@ -317,6 +317,19 @@ SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 # runs against one engine at once (0: no limit; a short queue halves a burst's median).
 SANDPIT_DOCKER_POOL_SIZE = env_int("SANDPIT_DOCKER_POOL_SIZE", 4)
 SANDPIT_DOCKER_CREATE_CONCURRENCY = env_int("SANDPIT_DOCKER_CREATE_CONCURRENCY", 3)
+# Templates (sandboxes/templates.py): where their read-only root file systems live (jail
+# uids must be able to pass through every directory above it), how builds run ('celery',
+# or 'thread' in the web process), and each organization's limits.
+SANDPIT_TEMPLATE_ROOT = Path(
+    env_str(
+        "SANDPIT_TEMPLATE_ROOT",
+        "/var/lib/sandpit/templates" if os.geteuid() == 0 else str(VAR_DIR / "templates"),
+    )
+)
+SANDPIT_TEMPLATE_BUILDER = env_str("SANDPIT_TEMPLATE_BUILDER", "celery")
+SANDPIT_TEMPLATE_MAX_PER_ORG = env_int("SANDPIT_TEMPLATE_MAX_PER_ORG", 10)
+SANDPIT_TEMPLATE_MAX_IMAGE_MB = env_int("SANDPIT_TEMPLATE_MAX_IMAGE_MB", 3072)
+SANDPIT_TEMPLATE_BUILD_TIMEOUT_S = env_int("SANDPIT_TEMPLATE_BUILD_TIMEOUT_S", 900)
 # The Docker engine the docker provider talks to.
 DOCKER_HOST = env_str("DOCKER_HOST", "unix:///var/run/docker.sock")
 # Several engines: URLs with #name=..&label=..&tls_ca=.. options, comma or space separated

@@ -62,6 +62,7 @@ from .providers.base import (
     detect_language,
 )
 from .snapshot_store import archives_drop
+from .templates import template_for_sandbox
 from .terminal_registry import terminals_close_for_sandbox
 
 __all__ = [  # re-exported: interfaces import the door from here
@@ -228,6 +229,10 @@ def sandbox_create(
         provider_name, template, resources = _from_snapshot(snapshot, provider_name, resources)
     organization = principal.organization
     provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
+    # 400 for an unknown template, 409 for one not built: never a silent default.
+    launch = template_for_sandbox(
+        organization=organization, name=template, provider_name=provider.name
+    )
     if network and not organization.allow_network:
         raise Forbidden(
             "This organization does not allow outbound network for its sandboxes (off by "
@@ -292,6 +297,8 @@ def sandbox_create(
             **(engine_spec_labels(organization, template) if provider.name == "docker" else {}),
         },
         runtime=runtime,
+        image=launch.image if launch else "",
+        rootfs=launch.rootfs if launch else "",
         restore_from=snapshot.location if snapshot is not None else "",
     )
     release_idle_connection()  # not held while the sandbox starts (playground/dbconn.py)

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import shared_task
 
-from . import engine_health, operations
+from . import engine_health, operations, templates
 
 
 @shared_task(name="sandboxes.tasks.reap_sandboxes", ignore_result=True)
@@ -31,3 +31,9 @@ def reconcile_sandboxes() -> dict[str, Any]:
 def check_docker_engines() -> dict[str, Any]:
     """Probe every Docker engine; mark the sandboxes of one down too long lost."""
     return operations.report_summary(engine_health.engines_check())
+
+
+@shared_task(name="sandboxes.tasks.build_template", ignore_result=True)
+def build_template(template_id: str, network: bool = False) -> None:
+    """Build a queued template (sandboxes/templates.py); a second delivery does nothing."""
+    templates.template_build(template_id, network=network)

@@ -57,6 +57,23 @@ urlpatterns += [
     path(f"{sandbox}/ports", realtime_apis.PortListApi.as_view(), name="api-sandbox-ports"),
 ]
 
+# Templates (sandboxes/template_apis.py)
+from . import template_apis  # noqa: E402
+
+urlpatterns += [
+    path("templates", template_apis.TemplateListApi.as_view(), name="api-templates"),
+    path(
+        "templates/<str:template_id>",
+        template_apis.TemplateDetailApi.as_view(),
+        name="api-template",
+    ),
+    path(
+        "templates/<str:template_id>/log",
+        template_apis.TemplateLogApi.as_view(),
+        name="api-template-log",
+    ),
+]
+
 # Snapshots, fork, pause/resume (sandboxes/snapshot_apis.py)
 from . import snapshot_apis  # noqa: E402
 

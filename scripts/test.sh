@@ -31,6 +31,11 @@ fi
 if docker info >/dev/null 2>&1; then
   # Its content tag, not :latest, which another checkout on this machine may retag.
   image=$(./scripts/build-sandbox-image.sh) && export SANDPIT_DOCKER_IMAGE=${SANDPIT_DOCKER_IMAGE:-$image}
+  # Built-in templates, cached by content (a second run checks in about a second). polyglot
+  # (~80 s and 1.8 GB more the first time) only when asked: SANDPIT_TEST_TEMPLATES="python node polyglot".
+  # shellcheck disable=SC2086 # a list of names
+  .venv/bin/python manage.py build_templates --no-db --quiet ${SANDPIT_TEST_TEMPLATES:-python node} \
+    || echo "==> built-in templates could not be built; their tests will build them (or fail under CI=true)"
 fi
 
 export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sandpit}

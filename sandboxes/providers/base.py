@@ -176,6 +176,11 @@ class SandboxSpec:
     runtime: str = ""
     """The Docker runtime to run under ('runc', 'runsc' for gVisor); empty = the provider's
     default. Providers without runtimes ignore it."""
+    image: str = ""
+    """A template's Docker image to start from (docker); empty: the provider's own image."""
+    rootfs: str = ""
+    """A template's read-only root file system directory (local, see local/rootfs.py);
+    empty: the host's /usr and /etc."""
     restore_from: str = ""
     """A snapshot archive (SnapshotResult.location) whose files the sandbox starts with, in
     /workspace and /tmp; empty: a fresh sandbox. Only for providers with Capability.SNAPSHOT."""

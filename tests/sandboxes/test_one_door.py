@@ -108,6 +108,12 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     ("api/v1/billing/plan", "GET"): NOT_SANDBOX,
     ("api/v1/billing/plan", "POST"): NOT_SANDBOX,
     ("api/v1/billing/spending-cap", "PUT"): NOT_SANDBOX,
+    # templates: not sandbox operations; a build counts once (tests/sandboxes/test_templates_api.py)
+    ("api/v1/templates", "GET"): NOT_SANDBOX,
+    ("api/v1/templates", "POST"): NOT_SANDBOX,
+    ("api/v1/templates/<str:template_id>", "GET"): NOT_SANDBOX,
+    ("api/v1/templates/<str:template_id>", "DELETE"): NOT_SANDBOX,
+    ("api/v1/templates/<str:template_id>/log", "GET"): NOT_SANDBOX,
     ("api/schema/", "GET"): NOT_SANDBOX,
     ("api/docs/", "GET"): NOT_SANDBOX,
 }

@@ -524,7 +524,7 @@ class DockerProvider(DockerSnapshots):
                 )
                 try:
                     created = api.create_container(
-                        self.image,
+                        spec.image or self.image,  # a template's image, else ours
                         command=command,
                         name=name if _CONTAINER_NAME.fullmatch(name) else None,
                         user=_SANDBOX_USER,

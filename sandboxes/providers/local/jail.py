@@ -15,7 +15,8 @@ bwrap runs as the jail's own unprivileged host uid (identity.py) with
 capability (``--cap-drop ALL``), so the jail is never host root, even when
 Sandpit is. ``/proc/sys`` is read-only inside and the /proc files container
 runtimes mask are covered with an empty device (see ``_MASKED_PROC``). Only /usr
-and a hand-picked list of /etc files of the host are mounted.
+and a hand-picked list of /etc files of the host are mounted, or, for a sandbox started
+from a template, the template's own read-only root file system (rootfs.py) instead.
 """
 
 from __future__ import annotations
@@ -369,7 +370,10 @@ def bwrap_argv(
     info_fd: int,
     block_fd: int,
     agent_config: dict,
+    rootfs: Path | None = None,
 ) -> list[str]:
+    """The bwrap command line of a jail. `rootfs`: a template's read-only root file system
+    (rootfs.py), bound at / in place of the host's /usr, top-level links and /etc files."""
     args = [
         bwrap,
         "--unshare-all",
@@ -385,16 +389,18 @@ def bwrap_argv(
         "--new-session",
         "--hostname",
         "sandbox",
-        "--ro-bind",
-        "/usr",
-        "/usr",
     ]
-    for top in _TOP_LEVEL:
-        host = f"/{top}"
-        if os.path.islink(host):
-            args += ["--symlink", os.readlink(host), host]
-        elif os.path.isdir(host):
-            args += ["--ro-bind", host, host]
+    if rootfs is not None:
+        # Everything the template holds, read-only; the mounts below go on top of it.
+        args += ["--ro-bind", str(rootfs), "/"]
+    else:
+        args += ["--ro-bind", "/usr", "/usr"]
+        for top in _TOP_LEVEL:
+            host = f"/{top}"
+            if os.path.islink(host):
+                args += ["--symlink", os.readlink(host), host]
+            elif os.path.isdir(host):
+                args += ["--ro-bind", host, host]
     # A fresh proc for the jail's pid namespace, with /proc/sys read-only whatever the
     # jail's uid (bwrap covers it only when it looks writable to bwrap itself). Sysctl
     # files answer for the reader's namespaces, so this shows the jail its own
@@ -406,7 +412,7 @@ def bwrap_argv(
     for path in _MASKED_PROC_DIRS:
         if os.path.isdir(path):
             args += ["--tmpfs", path, "--remount-ro", path]
-    for name in _ETC_FILES:
+    for name in _ETC_FILES if rootfs is None else ():
         if os.path.exists(f"/etc/{name}"):
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     # The jail always has a network namespace of its own (--unshare-all); with

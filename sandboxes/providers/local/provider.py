@@ -58,7 +58,7 @@ from sandboxes.providers.base import (
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import jail, net, volume
+from sandboxes.providers.local import jail, net, rootfs, volume
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
@@ -186,7 +186,13 @@ class LocalProvider(LocalSnapshots):
             sdir.mkdir(mode=0o700)
         except FileExistsError:
             raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
-        if self._pool is not None and not spec.network and not spec.restore_from:
+        # Warm jails run on the host's /usr: a template's root needs a jail of its own.
+        if (
+            self._pool is not None
+            and not spec.network
+            and not spec.rootfs
+            and not spec.restore_from
+        ):
             handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
             if handle is not None:
                 return handle
@@ -323,6 +329,7 @@ class LocalProvider(LocalSnapshots):
             info_fd=info_w,
             block_fd=block_r,
             agent_config=config,
+            rootfs=rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None,
         )
         log = os.fdopen(  # noqa: SIM115 - handed to the child
             os.open(
