@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,19 @@ class DockerSnapshots:
                 exec_id = api.exec_create(
                     cid, list(TAR_CREATE_ARGS), user=_USER, workdir="/", environment=_INTERNAL
                 )["Id"]
-                output = api.exec_start(exec_id, stream=True, demux=True)
-            errors: list[bytes] = []
-
-            def stdout() -> Any:
-                with translate(cid):
-                    for out, err in output:
-                        if err:
-                            errors.append(err)
-                        if out:
-                            yield out
-
-            result = write_archive(stdout(), Path(target), max_bytes)
+                stream = api.exec_start(exec_id, socket=True)
+            errors = bytearray()
+            raw = raw_socket(stream)
+            raw.setblocking(True)
+            try:
+                result = write_archive(_frames(raw, errors), Path(target), max_bytes)
+            finally:
+                with suppress(Exception):
+                    stream.close()
             code = _exit_code(api, cid, exec_id)
             if code not in (0, 1):  # 1: a file changed while it was read
                 remove_archive(result.location)
-                detail = b"".join(errors)[-600:].decode(errors="replace").strip()
+                detail = bytes(errors)[-600:].decode(errors="replace").strip()
                 raise ProviderError(f"The snapshot failed: {detail or f'tar exit {code}'}")
             return result
         finally:
@@ -166,18 +164,35 @@ def _exit_code(api: Any, cid: str, exec_id: str) -> int | None:
         time.sleep(0.005)
 
 
+def _frames(raw: socket.socket, stderr: bytearray) -> Iterator[bytes]:
+    """The exec's stdout, read from its framed output ([stream, 0, 0, 0, size] + payload)
+    in large reads (docker-py's own demultiplexer reads a frame at a time, ~5x slower
+    here); stderr (stream 2) is kept in `stderr`."""
+    buffer = bytearray()
+    while chunk := raw.recv(CHUNK):
+        buffer += chunk
+        start = 0
+        out = bytearray()
+        while len(buffer) - start >= FRAME.size:
+            stream_id, size = FRAME.unpack_from(buffer, start)
+            end = start + FRAME.size + size
+            if len(buffer) < end:
+                break
+            payload = buffer[start + FRAME.size : end]
+            if stream_id == 2:
+                stderr += payload
+            else:
+                out += payload
+            start = end
+        del buffer[:start]
+        if out:
+            yield bytes(out)
+
+
 def _drain(raw: socket.socket, stderr: bytearray) -> None:
     """Read the exec's framed output to its end, keeping stderr (stream 2)."""
-    buffer = b""
     try:
-        while chunk := raw.recv(65536):
-            buffer += chunk
-            while len(buffer) >= FRAME.size:
-                stream_id, size = FRAME.unpack(buffer[: FRAME.size])
-                if len(buffer) < FRAME.size + size:
-                    break
-                if stream_id == 2:
-                    stderr += buffer[FRAME.size : FRAME.size + size]
-                buffer = buffer[FRAME.size + size :]
+        for _ in _frames(raw, stderr):
+            pass
     except OSError:
         pass
