@@ -100,6 +100,11 @@ _INLINE_CODE_MAX = 96 * 1024
 CONTROL_TIMEOUT_S = 60.0
 _AGENT_START_S = 15.0
 """How long the first call after create waits for the agent to listen."""
+_AGENT_POLL_S = (0.002, 0.02)
+"""While it does not: connect again after 2 ms, backing off to 20 ms (fifty sandboxes
+starting at once otherwise spin the server's CPU on failed connects)."""
+_AGENT_ENGINE_CHECK_S = 0.25
+"""... and ask the Engine whether the container still runs this often."""
 _STOP_SETTLE_S = 3.0
 """How long a broken agent connection waits for the container to be seen stopped."""
 _TRANSPORT_GRACE_S = 15.0
@@ -319,6 +324,7 @@ class DockerProvider(DockerSnapshots):
         if target.socket_dir is None:
             return self._relay(target, timeout)
         deadline = time.monotonic() + _AGENT_START_S
+        pause, next_check = _AGENT_POLL_S[0], time.monotonic() + _AGENT_ENGINE_CHECK_S / 5
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(timeout)
@@ -332,8 +338,12 @@ class DockerProvider(DockerSnapshots):
                 return sock
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 sock.close()
-                self._check_agent_starting(target, deadline, exc)
-                time.sleep(0.002)
+                ask_engine = time.monotonic() >= next_check
+                self._check_agent_starting(target, deadline, exc, ask_engine)
+                if ask_engine:
+                    next_check = time.monotonic() + _AGENT_ENGINE_CHECK_S
+                time.sleep(pause)
+                pause = min(pause * 1.5, _AGENT_POLL_S[1])
             except OSError as exc:
                 sock.close()
                 raise self._lost(target, exc) from None
@@ -341,14 +351,16 @@ class DockerProvider(DockerSnapshots):
                 if dir_fd is not None:
                     os.close(dir_fd)
 
-    def _check_agent_starting(self, target: _Target, deadline: float, exc: Exception) -> None:
+    def _check_agent_starting(
+        self, target: _Target, deadline: float, exc: Exception, ask_engine: bool
+    ) -> None:
         """While the agent is not listening: a stopped container is gone (or never had
         this agent: an outdated image); past the deadline the agent is lost."""
         if target.socket_dir is not None and not target.socket_dir.is_dir():
             raise SandboxGone(f"Sandbox {target.cid} no longer exists.")
         if time.monotonic() >= deadline:
             raise self._lost(target, exc)
-        if int(time.monotonic() * 1000) % 50 < 3:  # now and then, ask the engine
+        if ask_engine:
             self._raise_if_stopped(target)
 
     def _raise_if_stopped(self, target: _Target, during_call: bool = False) -> None:
