@@ -40,7 +40,9 @@ from sandboxes.providers.base import (
     ExecRequest,
     ProviderError,
     ProviderNotConfigured,
+    Resources,
     SandboxGone,
+    SandboxSpec,
 )
 from sandboxes.providers.docker import DockerProvider
 from sandboxes.providers.docker.engines import DockerEngines, EngineConfig, parse_engines
@@ -297,6 +299,29 @@ def test_engines_share_the_load_and_survive_one_stopping(
         .exclude(state=SandboxState.ERROR, provider_id="")
         .exists()
     )
+
+
+def test_sandboxes_go_where_their_image_is(engine_b) -> None:  # type: ignore[no-untyped-def]
+    """An image on one engine only (a template built there) takes its sandboxes there."""
+    only_a = f"sandpit-sandbox:engines-only-a-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["docker", "tag", docker_provider_or_skip().image, only_a], check=True)
+    fleet = DockerEngines(
+        parse_engines(f"unix:///var/run/docker.sock#name=a,{engine_b}#name=b", ""),
+        image=only_a,
+        installation=f"engines-{uuid.uuid4().hex[:8]}",
+    )
+    made = []
+    try:
+        for _ in range(3):
+            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, resources=Resources(memory_mb=64))
+            made.append(fleet.create(spec).provider_id)
+        assert not any(":" in provider_id for provider_id in made)  # all on a
+        assert fleet.exec(made[0], ExecRequest(command="true")).exit_code == 0
+    finally:
+        for provider_id in made:
+            fleet.destroy(provider_id)
+        subprocess.run(["docker", "rmi", only_a], capture_output=True)
+        fleet.close()
 
 
 def _caller(principal: Principal) -> Caller:

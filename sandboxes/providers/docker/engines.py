@@ -4,8 +4,8 @@ The engine list (SANDPIT_DOCKER_HOSTS) is parsed in engine_config.py; the sandbo
 operations are routed.py's.
 
 Placement (`create`): among the engines that carry the label the sandbox requires (the
-`sandpit.engine_label` label of the spec), answer, have the sandbox's runtime and are under
-their cap, the one with the most memory left after the sandbox's limit (the memory limits
+`sandpit.engine_label` label of the spec), answer, have the sandbox's runtime and image and
+are under their cap, the one with the most memory left after the sandbox's limit (the memory limits
 of its running sandboxes and of the creates in flight in this process subtracted); ties
 go to the one running fewer. Memory is planned, not enforced: when every engine is full
 the sandbox still goes to the least full one. Each engine's state is read from the engine
@@ -97,6 +97,7 @@ class DockerEngines(RoutedOperations):
         self._probe_clients: dict[str, Any] = {}
         self._info: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._down: dict[str, tuple[float, str]] = {}
+        self._images: set[tuple[str, str]] = set()
         self._pending: dict[str, dict[str, int]] = {engine.name: {} for engine in engines}
 
     # -- what every engine shares ---------------------------------------------------
@@ -278,6 +279,20 @@ class DockerEngines(RoutedOperations):
             ),
         )
 
+    def _has_image(self, engine: str, image: str) -> bool:
+        """Whether `engine` holds `image` (a yes is remembered; a no is asked again)."""
+        with self._lock:
+            if (engine, image) in self._images:
+                return True
+        try:
+            with translate():
+                self._client(engine).inspect_image(image)
+        except ProviderError:
+            return False
+        with self._lock:
+            self._images.add((engine, image))
+        return True
+
     def engine_statuses(self) -> list[EngineStatus]:
         """Every engine's status now, in SANDPIT_DOCKER_HOSTS order (one probe each)."""
         return [self._probe(engine, force=True) for engine in self.engines]
@@ -294,6 +309,9 @@ class DockerEngines(RoutedOperations):
                 "(SANDPIT_DOCKER_HOSTS)."
             )
         runtime = spec.runtime or self.runtime
+        # A template's image is built on one engine (sandboxes/templates.py): its sandboxes
+        # go where it is, unless the operator copied it to others.
+        image = str(getattr(spec, "image", "") or self.image)
         memory_mb = spec.resources.memory_mb
         reasons: list[str] = []
         with self._place_lock:
@@ -307,6 +325,9 @@ class DockerEngines(RoutedOperations):
                     continue
                 if status.runtimes and runtime not in status.runtimes:
                     reasons.append(f"{engine.name}: no runtime {runtime}")
+                    continue
+                if not self._has_image(engine.name, image):
+                    reasons.append(f"{engine.name}: no image {image}")
                     continue
                 pending = {
                     k: v
