@@ -3,8 +3,9 @@
 A command is a streamed run (sandboxes.streaming.sandbox_exec_stream_open: stdout and
 stderr apart, then the exit status), read by the exec socket's own ExecRun; a PTY
 is a Sandpit terminal (sandboxes.terminals). Both are registered here under the pid the SDK
-knows them by, so commands.list/connect/kill/send_stdin and pty.* find them later. Like
-terminals, they live in the web process that started them.
+knows them by, so commands.list/connect/kill/send_stdin and pty.* find them later. The
+shells and commands live in the sandbox's agent, but this pid registry is per web process:
+the SDK's connect by pid must reach the process that started it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sandboxes.realtime.exec import ExecRun
 from sandboxes.services import sandbox_process_signal
 from sandboxes.streaming import sandbox_exec_stream_open, sandbox_exec_stream_stdin
 from sandboxes.terminals import (
-    Terminal,
+    TerminalInfo,
     TerminalSession,
     terminal_attach,
     terminal_create,
@@ -57,7 +58,7 @@ class E2BProcess:
         self.tag = tag
         self.pid = 0
         self.run: ExecRun | None = None
-        self.terminal: Terminal | None = None
+        self.terminal: TerminalInfo | None = None
         self.session: TerminalSession | None = None
         self.started = asyncio.Event()
         self.end: tuple[int, str] | None = None
@@ -236,10 +237,14 @@ class ProcessService:
         process = E2BProcess(sandbox, config, request.tag if request.has_field("tag") else None)
         process.pid = next(_pty_pids)
         process.terminal = terminal
-        process.session = terminal_attach(caller=caller, sandbox=sandbox, terminal_id=terminal.id)
+        process.session = session = await call(
+            terminal_attach, caller=caller, sandbox=sandbox, terminal_id=terminal.id
+        )
+        if session is None:  # killed between the two calls
+            raise ConnectError(Code.NOT_FOUND, "the terminal has ended")
         registry.add(process)
         process.started.set()
-        scrollback = terminal.attach(process)
+        scrollback = session.terminal.attach(process)
         if scrollback:
             process.publish(("pty", scrollback))
         return process

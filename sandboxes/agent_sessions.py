@@ -16,18 +16,21 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import select
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-from .providers.base import InvalidRequest, ProcessNotFound, ProviderError
+from .providers.agent_client import AgentExecStream, reply
+from .providers.base import ExecEvent, FileEvent, InvalidRequest, ProcessNotFound, ProviderError
 
 MAX_FRAME = 1 << 20
 MAX_OUTBOX_BYTES = 4 << 20
 """Input a link holds while the agent is not taking it; past this the link fails."""
-SESSION_ID = re.compile(r"^(term|run)_[0-9a-f]{16}$")
+SESSION_ID = re.compile(r"^(term|run|watch)_[0-9a-f]{16}$")
 
 
 @runtime_checkable
@@ -80,8 +83,6 @@ def _info(body: Mapping[str, Any]) -> SessionInfo:
 
 def _reply(sock: socket.socket) -> dict[str, Any]:
     # The agent client's reader: bounded lines, errors mapped to ProviderError types.
-    from .providers.agent_client import reply
-
     return reply(sock)
 
 
@@ -144,9 +145,12 @@ def session_open(
     orphan_s: float | None = None,
     meta: Mapping[str, Any] | None = None,
     attach: bool = False,
+    path: str | None = None,
+    recursive: bool = True,
 ) -> tuple[SessionInfo, SessionLink | None]:
     """Start a session in the sandbox; with `attach`, also the link to it (one round trip).
-    Raises the provider's errors."""
+    kind 'pty' (a terminal), 'exec' (a run) or 'watch' (`path`, `recursive`: the agent's
+    own watcher; `argv` is ignored). Raises the provider's errors."""
     for value in [*argv, *(env or {}).keys(), *(env or {}).values(), cwd or ""]:
         if "\x00" in value:
             raise InvalidRequest("NUL byte in the command or its environment")
@@ -165,6 +169,8 @@ def session_open(
         "orphan_s": orphan_s,
         "meta": dict(meta or {}),
         "attach": attach,
+        "path": path,
+        "recursive": recursive,
     }
     sock = provider.agent_socket(provider_id)
     try:
@@ -366,3 +372,131 @@ class SessionLink:
             self.sock.close()
         except OSError:
             pass
+
+
+# --- streamed runs and watches over a session (used from threads, like the provider's) ----
+
+
+class AgentRunStream(AgentExecStream):
+    """An ExecStream over an attached ``exec`` session: the provider's frames (O, E, X; I,
+    C, K), plus what reattaching needs. Closing ends the run (a ``Q`` frame) unless it has
+    ended; a web process that dies without closing leaves it to the agent's orphan rule."""
+
+    def __init__(self, link: SessionLink) -> None:
+        super().__init__(link.sock, link.info.pid)
+        self.session_id = link.info.id
+        self.offset = link.offset
+        """Output bytes (stdout and stderr) before the next event."""
+
+    def read_events(self) -> list[ExecEvent]:
+        events = super().read_events()
+        for event in events:
+            if event.type in ("stdout", "stderr"):
+                self.offset += len(event.data)
+        return events
+
+    def close(self) -> None:
+        if not self._ended:
+            self._send(b"Q")
+        super().close()
+
+
+class AgentWatch:
+    """Batches of FileEvents from an attached ``watch`` session (blocking: iterate in a
+    thread); `offset` is the position after the last batch returned, for a reattach.
+    Closing ends the watch (``Q``); `detach()` leaves it running."""
+
+    def __init__(self, link: SessionLink, batch_s: float = 0.05) -> None:
+        self._sock = link.sock
+        self._sock.setblocking(True)
+        self.session_id = link.info.id
+        self.offset = link.offset
+        self._consumed = link.offset
+        self._frames = bytearray()
+        self._records = b""
+        self._batch_s = batch_s
+        self._closed = False
+
+    def __iter__(self) -> AgentWatch:
+        return self
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Until the watcher has its watches in place (its first, empty record)."""
+        deadline = time.monotonic() + timeout
+        while b"\0" not in self._records:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._pull(left):
+                raise ProviderError("the file watcher did not start in the sandbox")
+
+    def _pull(self, timeout: float | None) -> bool:
+        """Read what arrives within `timeout`; False at the end of the stream."""
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            data = self._sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._closed = True
+            return False
+        self._frames += data
+        while len(self._frames) >= 5:
+            size = int.from_bytes(self._frames[1:5], "big")
+            if size > MAX_FRAME:
+                self._closed = True
+                return False
+            if len(self._frames) < 5 + size:
+                break
+            kind = bytes(self._frames[:1])
+            payload = bytes(self._frames[5 : 5 + size])
+            del self._frames[: 5 + size]
+            if kind == b"O":
+                self._records += payload
+            elif kind == b"X":
+                self._closed = True
+                return False
+        return True
+
+    def _take(self) -> list[tuple[str, str]]:
+        *records, self._records = self._records.split(b"\0")
+        out = []
+        for record in records:
+            self._consumed += len(record) + 1
+            kinds, _, full = record.decode("utf-8", "surrogateescape").partition(" ")
+            if kinds:
+                out.append((kinds, full))
+        return out
+
+    def __next__(self) -> list[FileEvent]:
+        from .providers.docker.sessions import file_events
+
+        while True:
+            batch = self._take()
+            deadline = time.monotonic() + self._batch_s if batch else None
+            while not self._closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._pull(left)
+                more = self._take()
+                if more and deadline is None:
+                    deadline = time.monotonic() + self._batch_s
+                batch += more
+            self.offset = self._consumed
+            events = file_events(batch)
+            if events:
+                return events
+            if self._closed:
+                raise StopIteration
+
+    def close(self) -> None:
+        """End the watch in the sandbox. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.sendall(frame(b"Q"))
+        except OSError:
+            pass
+        self._sock.close()

@@ -20,10 +20,20 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from playground.errors import ApplicationError
+from playground.errors import ApplicationError, NotFound
 
 from .activity import sandbox_touch_id
+from .agent_sessions import (
+    AgentRunStream,
+    AgentWatch,
+    check_id,
+    sandbox_cwd,
+    session_attach,
+    session_open,
+    supports_sessions,
+)
 from .caller import Caller, billing_allows, billing_authorize, billing_record, metered
+from .code_services import code_stream_argv
 from .models import Sandbox, SandboxState
 from .programs import exec_runner
 from .providers.base import (
@@ -39,7 +49,7 @@ from .providers.base import (
     SandboxProvider,
     StreamingProvider,
 )
-from .services import provider_for, require_capability, resolve_language
+from .services import provider_for, require_capability
 from .watchers import FileWatcher, WatchSpec, sandbox_pollers
 
 __all__ = [  # the provider types a streaming interface handles, re-exported
@@ -57,14 +67,14 @@ EXEC_LAUNCH = b'exec python3 -I -S -c "$SANDPIT_RUNNER"\n'
 READY_MARK = exec_runner.READY_MARK
 RUNNER_START_TIMEOUT_S = 30.0
 """How long the runner may take to start the command (python3 starting in the sandbox)."""
+EXEC_ORPHAN_S = 60.0
+"""A run in the agent whose web process died (no goodbye: a closed socket cancels its runs)
+keeps running this long for a reattach (`sandbox_exec_stream_attach`), then is killed."""
+WATCH_ORPHAN_S = 60.0
+"""The same for a watch: its records are kept for a reattach (`sandbox_watch_resume`)."""
 UNTIMED_RUN_S = 7 * 24 * 3600.0
 """The timeout handed to exec_stream for a run without one: it lasts as long as its
 sandbox, but the agent wants a number (and poll() a finite one)."""
-LANGUAGE_ARGV = {
-    "python": ["python3", "-u", "-c"],
-    "node": ["node", "-e"],
-    "bash": ["bash", "-c"],
-}
 
 
 # --- streamed runs (the exec socket) -----------------------------------------------------------
@@ -76,14 +86,17 @@ def exec_stream_argv(
     args: Sequence[object] | None = None,
     code: object = None,
     language: str | None = None,
+    sandbox: Sandbox | None = None,
 ) -> tuple[list[str], str]:
     """The argv of a streamed run and its usage operation ('exec.code' or 'exec.command').
-    `code` wins over `command`; `args is None` → `sh -c command`. ApplicationError
-    'unknown_language' or 'invalid_message' (400)."""
+    `code` (run in `sandbox`'s toolchain for its language, compiled first when it is)
+    wins over `command`; `args is None` → `sh -c command`. ApplicationError
+    'unknown_language', 'language_unavailable' or 'invalid_message' (400). Synchronous
+    (the first run of an environment probes it): call from a thread."""
     if code is not None:
-        text = str(code)
-        resolved = resolve_language(text, language)
-        return [*LANGUAGE_ARGV[resolved], text], "exec.code"
+        if sandbox is None:
+            raise ApplicationError("run needs a sandbox for 'code'.", code="invalid_message")
+        return code_stream_argv(sandbox, str(code), language), "exec.code"
     if not isinstance(command, str) or not command:
         raise ApplicationError("run needs 'command' or 'code'.", code="invalid_message")
     if args is None:
@@ -246,7 +259,24 @@ def sandbox_exec_stream_open(
             if sandbox.state != SandboxState.RUNNING:
                 raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
             provider = provider_for(sandbox)
-            if isinstance(provider, StreamingProvider):
+            agent = provider if supports_sessions(provider) else None
+            if agent is not None:
+                # The run lives in the agent: any web process can reattach to it.
+                require_capability(provider, Capability.EXEC)
+                _info, link = session_open(
+                    agent,
+                    sandbox.provider_id,
+                    kind="exec",
+                    argv=list(argv),
+                    cwd=sandbox_cwd(cwd),
+                    env=env,
+                    timeout_s=timeout_s,
+                    orphan_s=EXEC_ORPHAN_S,
+                    attach=True,
+                )
+                assert link is not None
+                stream = AgentRunStream(link)
+            elif isinstance(provider, StreamingProvider):
                 require_capability(provider, Capability.EXEC)
                 request = ExecRequest(
                     command=argv[0],
@@ -272,6 +302,32 @@ def sandbox_exec_stream_open(
         raise
     sandbox_touch_id(sandbox.id)
     return stream
+
+
+def sandbox_exec_stream_attach(
+    *, caller: Caller, sandbox: Sandbox, session_id: str, since: int = 0
+) -> ExecStream:
+    """Reattach to a streamed run started through any web process (its `session` id): its
+    buffered output from byte `since`, then live events, then its exit. Not counted (the
+    run was, when it started). ApplicationError 'run_not_found' when the sandbox's agent
+    does not know it (ended more than a few minutes ago, or a provider without sessions).
+    Synchronous: call from a thread."""
+    caller.require_scope("exec")
+    billing_authorize(caller, "exec")
+    not_found = NotFound("No such run in this sandbox.", code="run_not_found")
+    if sandbox.state != SandboxState.RUNNING or not session_id.startswith("run_"):
+        raise not_found
+    provider = provider_for(sandbox)
+    if not supports_sessions(provider):
+        raise not_found
+    try:
+        link = session_attach(provider, sandbox.provider_id, check_id(session_id), since)
+    except ProviderError:
+        raise not_found from None
+    if link.info.kind != "exec":
+        link.close()
+        raise not_found
+    return AgentRunStream(link)
 
 
 def sandbox_exec_stream_stdin(*, caller: Caller) -> None:
@@ -331,24 +387,100 @@ async def sandbox_watch_start(
     deliver: Callable[[dict[str, Any]], None],
 ) -> FileWatcher:
     """Start a file watcher delivering to `deliver` on this loop; counted once
-    ('watch.create') when it watches. `watcher_id` names it once it may start. A coroutine because the watcher lives on the loop; the
-    billing steps run in threads. Raises PaymentRequired (402), ApplicationError
-    'sandbox_not_running', CapabilityNotSupported and the provider's errors."""
+    ('watch.create') when it watches. `watcher_id` names it once it may start. Where the
+    provider runs the agent the watch lives there (its `session` id can be resumed
+    through any web process, `sandbox_watch_resume`). A coroutine because the watcher
+    lives on the loop; the billing steps run in threads. Raises PaymentRequired (402),
+    ApplicationError 'sandbox_not_running', CapabilityNotSupported and the provider's
+    errors."""
     caller.require_scope("files")
     await database_sync_to_async(billing_authorize)(caller, "watch")
     if sandbox.state != SandboxState.RUNNING:
         raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
     provider = provider_for(sandbox)
     require_capability(provider, Capability.WATCH)
+    opener = None
+    agent = provider if supports_sessions(provider) else None
+    if agent is not None:
+
+        def opener() -> AgentWatch:
+            _info, link = session_open(
+                agent,
+                sandbox.provider_id,
+                kind="watch",
+                argv=[],
+                cwd=None,
+                env=None,
+                orphan_s=WATCH_ORPHAN_S,
+                attach=True,
+                path=spec.path,
+                recursive=spec.recursive,
+            )
+            assert link is not None
+            watch = AgentWatch(link)
+            try:
+                watch.wait_ready()
+            except BaseException:
+                watch.close()
+                raise
+            return watch
+
     watcher = FileWatcher(
         watcher_id=watcher_id(),
         provider=provider,
         provider_id=sandbox.provider_id,
         spec=spec,
         deliver=deliver,
+        opener=opener,
     )
     await watcher.start()
     await database_sync_to_async(billing_record)(caller, "watch.create")
+    return watcher
+
+
+async def sandbox_watch_resume(
+    *,
+    caller: Caller,
+    sandbox: Sandbox,
+    session_id: str,
+    since: int,
+    watcher_id: str,
+    spec: WatchSpec,
+    deliver: Callable[[dict[str, Any]], None],
+) -> FileWatcher:
+    """Reattach to a watch started through any web process (its `session` id): the
+    records it buffered after byte `since`, then live ones. Its path and recursion are the
+    watch's own; `spec`'s ignore and debounce apply. Not counted again (it was when it
+    started). NotFound 'watcher_not_found' when the sandbox's agent does not know it."""
+    caller.require_scope("files")
+    await database_sync_to_async(billing_authorize)(caller, "watch")
+    not_found = NotFound("No such watch in this sandbox.", code="watcher_not_found")
+    if sandbox.state != SandboxState.RUNNING or not session_id.startswith("watch_"):
+        raise not_found
+    provider = provider_for(sandbox)
+    agent = provider if supports_sessions(provider) else None
+    if agent is None:
+        raise not_found
+
+    def opener() -> AgentWatch:
+        try:
+            link = session_attach(agent, sandbox.provider_id, check_id(session_id), since)
+        except ProviderError:
+            raise not_found from None
+        if link.info.kind != "watch":
+            link.close()
+            raise not_found
+        return AgentWatch(link)
+
+    watcher = FileWatcher(
+        watcher_id=watcher_id,
+        provider=provider,
+        provider_id=sandbox.provider_id,
+        spec=spec,
+        deliver=deliver,
+        opener=opener,
+    )
+    await watcher.start()
     return watcher
 
 

@@ -118,22 +118,29 @@ class FileWatcher:
         provider_id: str,
         spec: WatchSpec,
         deliver: Deliver,
+        opener: Callable[[], Iterator[list[FileEvent]]] | None = None,
     ) -> None:
         self.id = watcher_id
         self.spec = spec
         self._provider = provider
         self._provider_id = provider_id
         self._deliver = deliver
+        self._opener = opener
+        """Opens the batches instead of provider.watch (a watch held by the agent, whose
+        iterator has `session_id` and `offset`: sandboxes/agent_sessions.AgentWatch)."""
         self._iterator: Iterator[list[FileEvent]] | None = None
-        self._queue: asyncio.Queue[list[FileEvent] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[list[FileEvent], int | None] | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     async def start(self) -> None:
         """Establish the watch (raises the provider's errors); events flow after this."""
-        self._iterator = await sync_to_async(self._provider.watch, thread_sensitive=False)(
-            self._provider_id, self.spec.path, self.spec.recursive
-        )
+        if self._opener is not None:
+            self._iterator = await sync_to_async(self._opener, thread_sensitive=False)()
+        else:
+            self._iterator = await sync_to_async(self._provider.watch, thread_sensitive=False)(
+                self._provider_id, self.spec.path, self.spec.recursive
+            )
         loop = asyncio.get_running_loop()
         thread = threading.Thread(
             target=self._pump, args=(loop,), name=f"watch-{self.id}", daemon=True
@@ -147,7 +154,8 @@ class FileWatcher:
             for batch in self._iterator:
                 if self._closed:
                     break
-                loop.call_soon_threadsafe(self._queue.put_nowait, batch)
+                offset = getattr(self._iterator, "offset", None)
+                loop.call_soon_threadsafe(self._queue.put_nowait, (batch, offset))
         except (ProviderError, OSError, ValueError):
             logger.info("file watch ended with an error", exc_info=True)
         finally:
@@ -165,7 +173,8 @@ class FileWatcher:
             first = await self._queue.get()
             if first is None:
                 break
-            pending = list(first)
+            pending = list(first[0])
+            offset = first[1]
             deadline = loop.time() + window_s
             while (remaining := deadline - loop.time()) > 0:
                 try:
@@ -175,7 +184,8 @@ class FileWatcher:
                 if more is None:
                     ended = True
                     break
-                pending.extend(more)
+                pending.extend(more[0])
+                offset = more[1]
             events = [
                 event
                 for event in coalesce_events(pending)
@@ -185,15 +195,21 @@ class FileWatcher:
                 )
             ]
             if events:
-                self._deliver(
-                    {
-                        "type": "files",
-                        "watcher": self.id,
-                        "events": [file_event_data(e) for e in events],
-                    }
-                )
+                message: dict[str, Any] = {
+                    "type": "files",
+                    "watcher": self.id,
+                    "events": [file_event_data(e) for e in events],
+                }
+                if offset is not None:  # where a resumed watch picks up (after these)
+                    message["offset"] = offset
+                self._deliver(message)
         if not self._closed:
             self._deliver({"type": "watch_ended", "watcher": self.id})
+
+    @property
+    def session_id(self) -> str | None:
+        """The agent's id of this watch, when it lives there (resumable)."""
+        return getattr(self._iterator, "session_id", None)
 
     def close(self) -> None:
         """Stop watching. Safe to call more than once."""

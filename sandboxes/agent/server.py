@@ -171,6 +171,11 @@ def main() -> None:
     if sys.argv[1:2] == ["--relay"]:
         relay(sys.argv[2])
         return
+    if sys.argv[1:2] == ["--watch"]:  # a watch session's command (sessions.py)
+        from . import inotify
+
+        inotify.main(sys.argv[2], sys.argv[3])
+        return
     CONFIG.update(json_loads(sys.argv[1]))
     reset_inherited_signals()  # before any thread starts: they inherit the mask
     spawn.start_loading()  # slow, and only the first command needs it: meanwhile

@@ -10,7 +10,8 @@ Frames both ways are ``kind (1 byte) + length (4 bytes, big-endian) + payload``.
 From the agent: ``O`` output (a terminal's bytes, a run's stdout), ``E`` a run's
 stderr, and last ``X`` with a JSON object (``exit_code``, ``timed_out``,
 ``duration_ms``). From a client: ``I`` input, ``R`` "cols rows" (terminals), ``C``
-close stdin and ``K`` a signal number (runs).
+close stdin and ``K`` a signal number (runs), ``Q`` end the session now. A watch
+is a session too: the agent's own watcher (inotify.py) whose records are its output.
 
 One thread per session polls its output, its clients and its child; a client that
 does not read its output for SEND_TIMEOUT_S is dropped (the others must not wait).
@@ -26,12 +27,15 @@ import fcntl
 import os
 import select
 import struct
+import sys
 import termios
 import time
 from collections import deque
 
+from .files import resolve
 from .procs import (
     IDLE_AFTER_EXIT_S,
+    INTERNAL_MARK,
     TRACK_LOCK,
     WORKSPACE,
     Event,
@@ -54,9 +58,11 @@ MAX_LIVE_SESSIONS = 64
 ENDED_TTL_S = 300.0
 SEND_TIMEOUT_S = 10.0
 MAX_PENDING_INPUT = 1 << 20
+MAX_FRAME_BYTES = 256 * 1024
 MAX_META_BYTES = 4096
-RING_BYTES = {"pty": 64 * 1024, "exec": 1 << 20}
-"""A terminal's scrollback; a run's buffered output (both ways of reattaching)."""
+RING_BYTES = {"pty": 64 * 1024, "exec": 1 << 20, "watch": 256 * 1024}
+"""A terminal's scrollback; a run's buffered output; a watch's records (see inotify.py)."""
+PREFIX = {"pty": "term_", "exec": "run_", "watch": "watch_"}
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
@@ -81,7 +87,20 @@ class Session:
     def __init__(self, req: dict) -> None:
         kind = req.get("kind")
         if kind not in RING_BYTES:
-            raise AgentError("invalid_request", "kind must be 'pty' or 'exec'")
+            raise AgentError("invalid_request", "kind must be 'pty', 'exec' or 'watch'")
+        env = child_env(req.get("env"))
+        if kind == "watch":  # the agent's own watcher (inotify.py), hidden from listings
+            lex, real = resolve(req.get("path") or ".")
+            if not os.path.isdir(real):
+                if os.path.lexists(real):
+                    raise AgentError("file_conflict", "not a directory: " + str(req["path"]))
+                raise AgentError("file_not_found", "no such directory: " + str(req.get("path")))
+            recursive = "1" if req.get("recursive", True) else "0"
+            req = {
+                **req,
+                "argv": [sys.executable, "-I", "-S", sys.argv[0], "--watch", lex, recursive],
+            }
+            env[INTERNAL_MARK] = "1"
         argv = req.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise AgentError("invalid_request", "argv must be a list of strings")
@@ -89,7 +108,7 @@ class Session:
         if not isinstance(meta, dict) or len(json_dumps(meta)) > MAX_META_BYTES:
             raise AgentError("invalid_request", "meta must be a small object")
         self.kind: str = kind
-        self.id = ("term_" if kind == "pty" else "run_") + os.urandom(8).hex()
+        self.id = PREFIX[kind] + os.urandom(8).hex()
         self.meta = meta
         self.cols = max(2, min(int(req.get("cols", 80)), 1000))
         self.rows = max(1, min(int(req.get("rows", 24)), 500))
@@ -116,7 +135,6 @@ class Session:
         self.pending = b""
         self.stdin_open = True
         self.killed = False
-        env = child_env(req.get("env"))
         cwd = req.get("cwd") or WORKSPACE
         try:
             self.child = self._spawn(argv, env, cwd)
@@ -150,7 +168,7 @@ class Session:
         self.stdin_fd = in_w
         try:
             return spawn(
-                argv, env, cwd, (in_r, out_w, err_w), kind="exec",
+                argv, env, cwd, (in_r, out_w, err_w), kind=self.kind,
                 command=" ".join(argv), wake_w=self.wake_w,
             )  # fmt: skip
         finally:
@@ -282,19 +300,32 @@ class Session:
             self._finish(timed_out)
 
     def _read_output(self, fd: int) -> bool:
-        try:
-            data = os.read(fd, CHUNK)
-        except BlockingIOError:
-            return False
-        except OSError:  # EIO: the terminal's last holder is gone
-            data = b""
-        if not data:
+        """Read what `fd` has now and send it as one frame. A PTY hands out at most ~4 KB
+        per read: reading again until it has nothing (up to MAX_FRAME_BYTES) turns a flood into
+        few large frames, and a lone keystroke's echo still leaves after one read."""
+        chunks = []
+        ended = False
+        total = 0
+        while total < MAX_FRAME_BYTES:
+            try:
+                data = os.read(fd, CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:  # EIO: the terminal's last holder is gone
+                data = b""
+            if not data:
+                ended = True
+                break
+            chunks.append(data)
+            total += len(data)
+        if chunks:
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            kind = self.outputs[fd]
+            self._append(kind, data)
+            self._broadcast(frame(kind, data))
+        if ended:
             del self.outputs[fd]
-            return False
-        kind = self.outputs[fd]
-        self._append(kind, data)
-        self._broadcast(frame(kind, data))
-        return True
+        return bool(chunks)
 
     def _broadcast(self, data: bytes) -> None:
         for fd, client in list(self.clients.items()):
@@ -363,6 +394,8 @@ class Session:
                 self._resize(cols, rows)
             except (ValueError, OSError):
                 pass
+        elif kind == b"Q":  # a client ends the session (a cancelled run, a closed watch)
+            self.killed = True
         elif kind == b"C" and self.kind == "exec":
             self.stdin_open = False
             if not self.pending and self.stdin_fd >= 0:

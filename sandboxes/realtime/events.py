@@ -13,6 +13,7 @@ from sandboxes.streaming import (
     sandbox_events_ports_allowed,
     sandbox_events_subscribe,
     sandbox_events_unsubscribe,
+    sandbox_watch_resume,
     sandbox_watch_start,
 )
 from sandboxes.watchers import MAX_DEBOUNCE_MS, MAX_WATCHERS_PER_SOCKET, FileWatcher, WatchSpec
@@ -114,13 +115,27 @@ class SandboxEventsConsumer(OutboundConsumer):
             return str(message.get("id") or f"w{self._watcher_seq}")
 
         try:
-            watcher = await sandbox_watch_start(
-                caller=self.caller,
-                sandbox=self.sandbox,
-                watcher_id=watcher_id,
-                spec=spec,
-                deliver=self.enqueue,
-            )
+            if message.get("resume"):  # a watch started through any web process
+                watcher = await sandbox_watch_resume(
+                    caller=self.caller,
+                    sandbox=self.sandbox,
+                    session_id=str(message["resume"]),
+                    since=max(0, int(message.get("since") or 0)),
+                    watcher_id=watcher_id(),
+                    spec=spec,
+                    deliver=self.enqueue,
+                )
+            else:
+                watcher = await sandbox_watch_start(
+                    caller=self.caller,
+                    sandbox=self.sandbox,
+                    watcher_id=watcher_id,
+                    spec=spec,
+                    deliver=self.enqueue,
+                )
+        except (TypeError, ValueError):
+            self.error("invalid_message", "watch: 'since' is a byte offset.")
+            return
         except (ApplicationError, ProviderError) as exc:
             status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
             self.error(exc.code, exc.message, status=status, request_id=request_id)
@@ -129,15 +144,16 @@ class SandboxEventsConsumer(OutboundConsumer):
         if old is not None:
             old.close()
         self.watchers[watcher.id] = watcher
-        self.enqueue(
-            {
-                "type": "watching",
-                "id": watcher.id,
-                "path": spec.path,
-                "recursive": spec.recursive,
-                "request_id": request_id,
-            }
-        )
+        watching: dict[str, Any] = {
+            "type": "watching",
+            "id": watcher.id,
+            "path": spec.path,
+            "recursive": spec.recursive,
+            "request_id": request_id,
+        }
+        if watcher.session_id is not None:  # resumable through any web process
+            watching["session"] = watcher.session_id
+        self.enqueue(watching)
 
     async def disconnect(self, code: int) -> None:
         for watcher in getattr(self, "watchers", {}).values():

@@ -23,6 +23,7 @@ from sandboxes.streaming import (
     ExecStream,
     ProviderError,
     exec_stream_argv,
+    sandbox_exec_stream_attach,
     sandbox_exec_stream_open,
     sandbox_exec_stream_stdin,
 )
@@ -60,7 +61,12 @@ class ExecRun:
         self.finished = False
         self._loop = asyncio.get_running_loop()
         self._fd = stream.fileno()
-        owner.enqueue({"type": "started", "id": run_id, "pid": stream.pid})
+        started: dict[str, Any] = {"type": "started", "id": run_id, "pid": stream.pid}
+        session = getattr(stream, "session_id", None)
+        if session is not None:  # held by the agent: reattach with it from any process
+            started["session"] = session
+            started["offset"] = getattr(stream, "offset", 0)
+        owner.enqueue(started)
         self._loop.add_reader(self._fd, self._on_readable)
         # The stream may hold events already (a command that ended while it started):
         # its descriptor would not become readable for those.
@@ -79,7 +85,11 @@ class ExecRun:
                 return
             text = self._decoders[event.type].decode(event.data)
             if text:
-                self.consumer.enqueue({"type": event.type, "id": self.id, "data": text})
+                message = {"type": event.type, "id": self.id, "data": text}
+                offset = getattr(self.stream, "offset", None)
+                if offset is not None:  # output bytes so far: `since` for a reattach
+                    message["offset"] = offset
+                self.consumer.enqueue(message)
 
     def write_stdin(self, data: bytes) -> None:
         """Input for the command; ignored once it has finished. Raises ProviderError when
@@ -156,6 +166,9 @@ class ExecConsumer(OutboundConsumer):
         if kind == "run":
             await self._start(message)
             return
+        if kind == "attach":
+            await self._attach(message)
+            return
         if kind == "ping":
             self.enqueue({"type": "pong"})
             return
@@ -207,11 +220,12 @@ class ExecConsumer(OutboundConsumer):
             self.error("run_limit_reached", "Too many concurrent runs.", id=run_id, status=429)
             return
         try:
-            argv, operation = exec_stream_argv(
+            argv, operation = await database_sync_to_async(exec_stream_argv)(
                 command=message.get("command"),
                 args=message.get("args"),
                 code=message.get("code"),
                 language=message.get("language"),
+                sandbox=self.sandbox,
             )
             env = {str(k): str(v) for k, v in (message.get("env") or {}).items()}
             timeout_s = message.get("timeout_s")
@@ -229,6 +243,35 @@ class ExecConsumer(OutboundConsumer):
                 cwd=message.get("cwd"),
                 env=env,
                 timeout_s=timeout,
+            )
+        except (ApplicationError, ProviderError) as exc:
+            status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
+            self.error(exc.code, exc.message, id=run_id, status=status)
+            return
+        self.runs[run_id] = ExecRun(self, run_id, stream)
+
+    async def _attach(self, message: dict[str, Any]) -> None:
+        """{"type": "attach", "session": <a run's session id>, "id": ..., "since": bytes}:
+        continue a run started through any web process (the one that started it may be
+        gone): its output from `since`, then live, stdin and signals as for a run."""
+        run_id = str(message.get("id") or f"r{secrets.token_hex(4)}")
+        if run_id in self.runs:
+            self.error("run_exists", "A run with this id is still running.", id=run_id)
+            return
+        if len(self.runs) >= MAX_RUNS_PER_SOCKET:
+            self.error("run_limit_reached", "Too many concurrent runs.", id=run_id, status=429)
+            return
+        try:
+            since = max(0, int(message.get("since") or 0))
+        except (TypeError, ValueError):
+            self.error("invalid_message", "attach: 'since' is a byte offset.", id=run_id)
+            return
+        try:
+            stream = await database_sync_to_async(sandbox_exec_stream_attach)(
+                caller=self.caller,
+                sandbox=self.sandbox,
+                session_id=str(message.get("session") or ""),
+                since=since,
             )
         except (ApplicationError, ProviderError) as exc:
             status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)

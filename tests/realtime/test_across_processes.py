@@ -30,6 +30,7 @@ from .conftest import (
     TerminalOutput,
     _database_url_for,
     free_port,
+    recv_json,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +43,8 @@ class Launcher:
         self.database_url = database_url
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str) -> tuple[Server, subprocess.Popen[bytes]]:
+    def spawn(self, name: str) -> tuple[Server, subprocess.Popen[bytes]]:
+        """Start a daphne; `ready` waits for it (two start side by side)."""
         port = free_port()
         log = self.logs / f"{name}-{port}.log"
         env = {
@@ -65,17 +67,19 @@ class Launcher:
                 stderr=subprocess.STDOUT,
             )
         self.procs.append(proc)
-        server = Server(port=port, root=self.root, log=log, pid=proc.pid)
-        deadline = time.monotonic() + 60
+        return Server(port=port, root=self.root, log=log, pid=proc.pid), proc
+
+    def ready(self, server: Server, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 90
         while True:
             try:
                 if httpx.get(server.http + "/health/live", timeout=2).status_code == 200:
-                    return server, proc
+                    return
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                pytest.fail(f"daphne {name} did not start:\n" + log.read_text()[-3000:])
+                pytest.fail("daphne did not start:\n" + server.log.read_text()[-3000:])
             time.sleep(0.1)
 
     def stop_all(self) -> None:
@@ -108,13 +112,20 @@ def launcher(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[L
 
 
 @pytest.fixture(scope="module")
-def server_b(launcher: Launcher) -> Server:
-    return launcher.start("b")[0]
+def spawned_b(launcher: Launcher) -> tuple[Server, subprocess.Popen[bytes]]:
+    return launcher.spawn("b")
 
 
 @pytest.fixture
-def server_a(launcher: Launcher, server_b: Server, transactional_db) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    server, proc = launcher.start("a")
+def server_b(spawned_b, server_a) -> Server:  # type: ignore[no-untyped-def]
+    return spawned_b[0]
+
+
+@pytest.fixture
+def server_a(launcher: Launcher, spawned_b, transactional_db) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    server, proc = launcher.spawn("a")  # boots while B does (the first time)
+    launcher.ready(*spawned_b)
+    launcher.ready(server, proc)
     yield server, proc
     if proc.poll() is None:
         proc.kill()
@@ -143,65 +154,167 @@ def _provider_or_skip(provider: str) -> None:
         docker_provider_or_skip()
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_terminal_is_shared_by_two_processes_and_outlives_its_creator(  # type: ignore[no-untyped-def]
-    server_a, server_b, key_a, key_b, provider
-):
-    _provider_or_skip(provider)
-    a, proc_a = server_a
-    api_a, api_b = Api(a, key_a), Api(server_b, key_a)
-    sandbox_id = _sandbox(api_a, provider)
-    try:
-        made = api_a.post(f"/api/v1/sandboxes/{sandbox_id}/terminals", json={})
+def _until(ws: Any, predicate: Any, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """JSON messages until one satisfies `predicate` (all of them returned)."""
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"timed out; got {seen}")
+        frame = ws.recv(timeout=remaining)
+        if isinstance(frame, str):
+            seen.append(json.loads(frame))
+            if predicate(seen[-1]):
+                return seen
+
+
+def _touched(path: str) -> Any:
+    return lambda m: m["type"] == "files" and any(e["path"] == path for e in m["events"])
+
+
+class Scenario:
+    """One sandbox, reached through process A (killed halfway) and process B."""
+
+    def __init__(self, a: Server, b: Server, key: str, sandbox_id: str) -> None:
+        self.a, self.b, self.key, self.sandbox_id = a, b, key, sandbox_id
+        self.api_a, self.api_b = Api(a, key), Api(b, key)
+        self.base = f"/api/v1/sandboxes/{sandbox_id}"
+
+    def put(self, path: str) -> None:
+        response = self.api_b.put(f"{self.base}/files/content?path={path}", content=b"x")
+        assert response.status_code in (200, 201), response.text
+
+    # -- before A dies -----------------------------------------------------------------
+
+    def terminal_before(self, other_key: str) -> None:
+        made = self.api_a.post(f"{self.base}/terminals", json={})
         assert made.status_code == 201, made.text
-        terminal = made.json()
-        # Any process lists it and describes it.
-        listed = api_b.get(f"/api/v1/sandboxes/{sandbox_id}/terminals").json()["results"]
+        self.terminal = terminal = made.json()
+        # Any process lists it.
+        listed = self.api_b.get(f"{self.base}/terminals").json()["results"]
         assert [t["id"] for t in listed] == [terminal["id"]]
-        via_a = TerminalOutput(a.ws(terminal["ws_path"], key=key_a))
-        via_b = TerminalOutput(server_b.ws(terminal["ws_path"], key=key_a))
-        via_a.read_until(r"\$ ")
-        via_b.read_until(r"\$ ")
+        self.term_a = TerminalOutput(self.a.ws(terminal["ws_path"], key=self.key))
+        self.term_b = TerminalOutput(self.b.ws(terminal["ws_path"], key=self.key))
+        self.term_a.read_until(r"\$ ")
+        self.term_b.read_until(r"\$ ")
         # Typed through A, seen through both; typed through B, seen through both.
-        via_a.send("echo from-a-$((40+2))\r")
-        via_a.read_until(r"from-a-42\r\n")
-        via_b.read_until(r"from-a-42\r\n")
-        via_b.send("echo from-b-$((50+1)); MARK=kept-$((2*3))\r")
-        via_a.read_until(r"from-b-51\r\n")
-        via_b.read_until(r"from-b-51\r\n")
-        detail = api_b.get(f"/api/v1/sandboxes/{sandbox_id}/terminals/{terminal['id']}")
+        self.term_a.send("echo from-a-$((40+2))\r")
+        self.term_a.read_until(r"from-a-42\r\n")
+        self.term_b.read_until(r"from-a-42\r\n")
+        self.term_b.send("echo from-b-$((50+1)); MARK=kept-$((2*3))\r")
+        self.term_a.read_until(r"from-b-51\r\n")
+        self.term_b.read_until(r"from-b-51\r\n")
+        detail = self.api_b.get(f"{self.base}/terminals/{terminal['id']}")
         assert detail.status_code == 200 and detail.json()["clients"] == 2, detail.text
         # Another organization cannot reach it through either process.
-        with server_b.ws(terminal["ws_path"], key=key_b) as other:
+        with self.b.ws(terminal["ws_path"], key=other_key) as other:
             assert json.loads(other.recv(timeout=10))["type"] == "error"
             with pytest.raises(ConnectionClosed) as closed:
                 other.recv(timeout=10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
 
-        _kill(proc_a)
-        # A's socket ends with A; the shell does not.
+    def run_and_watch_before(self) -> None:
+        self.events_a = self.a.ws(f"/ws/sandboxes/{self.sandbox_id}/events", key=self.key)
+        recv_json(self.events_a, "ready")
+        self.events_a.send(json.dumps({"type": "watch", "path": ".", "debounce_ms": 0}))
+        self.watching = recv_json(self.events_a, "watching")
+        assert self.watching["session"].startswith("watch_")
+        self.exec_a = self.a.ws(f"/ws/sandboxes/{self.sandbox_id}/exec", key=self.key)
+        script = (
+            "echo first; read go; for i in 1 2 3; do echo line-$i; done; "
+            "read x; echo got-$x; echo oops >&2; exit 5"
+        )
+        self.exec_a.send(json.dumps({"type": "run", "id": "r1", "command": script}))
+        self.started = recv_json(self.exec_a, "started")
+        assert self.started["session"].startswith("run_")
+        first = recv_json(self.exec_a, "stdout")
+        assert first["data"] == "first\n" and first["offset"] == 6
+        self.put("before.txt")
+        self.watch_offset = _until(self.events_a, _touched("before.txt"))[-1]["offset"]
+
+    # -- after A died --------------------------------------------------------------------
+
+    def a_is_gone(self) -> None:
         with pytest.raises((ConnectionClosed, TimeoutError, OSError)):
             while True:
-                via_a.ws.recv(timeout=10)
-        via_b.send("echo b-after-$((6*7)) $MARK\r")
-        via_b.read_until(r"b-after-42 kept-6\r\n")
-        via_b.ws.close()
+                self.term_a.ws.recv(timeout=10)
+        # While nobody listens to the watch, it records.
+        self.put("during-1.txt")
+        self.put("during-2.txt")
+
+    def terminal_after(self) -> None:
+        terminal = self.terminal
+        self.term_b.send("echo b-after-$((6*7)) $MARK\r")
+        self.term_b.read_until(r"b-after-42 kept-6\r\n")
+        self.term_b.ws.close()
         # A new socket on B: the scrollback (A's and B's lines), then the same shell.
-        again = TerminalOutput(server_b.ws(terminal["ws_path"], key=key_a))
+        again = TerminalOutput(self.b.ws(terminal["ws_path"], key=self.key))
         again.read_until(r"(?s)from-a-42\r\n.*from-b-51\r\n.*b-after-42 kept-6\r\n")
         again.send("echo $MARK-again\r")
         again.read_until(r"kept-6-again\r\n")
         # B resizes and kills it; its socket gets the exit.
-        resized = api_b.post(
-            f"/api/v1/sandboxes/{sandbox_id}/terminals/{terminal['id']}/resize",
-            json={"cols": 100, "rows": 33},
+        resized = self.api_b.post(
+            f"{self.base}/terminals/{terminal['id']}/resize", json={"cols": 100, "rows": 33}
         )
         assert resized.status_code == 200 and resized.json()["cols"] == 100, resized.text
         again.send("stty size\r")
         again.read_until(r"33 100\r\n")
-        gone = api_b.delete(f"/api/v1/sandboxes/{sandbox_id}/terminals/{terminal['id']}")
+        gone = self.api_b.delete(f"{self.base}/terminals/{terminal['id']}")
         assert gone.status_code == 204, gone.text
         assert again.wait_control("exit")["code"] == -9
-        assert api_b.get(f"/api/v1/sandboxes/{sandbox_id}/terminals").json()["results"] == []
+        assert self.api_b.get(f"{self.base}/terminals").json()["results"] == []
+
+    def run_after(self) -> None:
+        exec_b = self.b.ws(f"/ws/sandboxes/{self.sandbox_id}/exec", key=self.key)
+        exec_b.send(json.dumps({"type": "attach", "id": "r1", "session": "run_" + "0" * 16}))
+        assert recv_json(exec_b, "error")["code"] == "run_not_found"
+        # From where A's client got to (no "first" again), then live, with stdin from B.
+        session = self.started["session"]
+        exec_b.send(json.dumps({"type": "attach", "id": "r1", "session": session, "since": 6}))
+        assert recv_json(exec_b, "started")["pid"] == self.started["pid"]
+        exec_b.send(json.dumps({"type": "stdin", "id": "r1", "data": "go\n"}))
+        exec_b.send(json.dumps({"type": "stdin", "id": "r1", "data": "hello\n"}))
+        messages = _until(exec_b, lambda m: m["type"] == "exit")
+        out = "".join(m["data"] for m in messages if m["type"] == "stdout")
+        assert out == "line-1\nline-2\nline-3\ngot-hello\n"
+        assert [m["data"] for m in messages if m["type"] == "stderr"] == ["oops\n"]
+        assert messages[-1]["code"] == 5
+        exec_b.close()
+
+    def watch_after(self) -> None:
+        events_b = self.b.ws(f"/ws/sandboxes/{self.sandbox_id}/events", key=self.key)
+        recv_json(events_b, "ready")
+        resume = {"resume": self.watching["session"], "since": self.watch_offset}
+        events_b.send(json.dumps({"type": "watch", "debounce_ms": 0, **resume}))
+        assert recv_json(events_b, "watching")["session"] == self.watching["session"]
+        # What happened while no one listened, after A's client's offset; then live.
+        paths: set[str] = set()
+        deadline = time.monotonic() + 15
+        while not {"during-1.txt", "during-2.txt"} <= paths:
+            message = recv_json(events_b, "files", timeout=deadline - time.monotonic())
+            paths |= {e["path"] for e in message["events"]}
+        assert "before.txt" not in paths
+        self.put("live.txt")
+        _until(events_b, _touched("live.txt"))
+        events_b.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_terminals_runs_and_watches_outlive_the_process_that_started_them(  # type: ignore[no-untyped-def]
+    server_a, server_b, key_a, key_b, provider
+):
+    _provider_or_skip(provider)
+    a, proc_a = server_a
+    sandbox_id = _sandbox(Api(a, key_a), provider)
+    scenario = Scenario(a, server_b, key_a, sandbox_id)
+    try:
+        scenario.terminal_before(other_key=key_b)
+        scenario.run_and_watch_before()
+        _kill(proc_a)
+        scenario.a_is_gone()
+        scenario.terminal_after()
+        scenario.run_after()
+        scenario.watch_after()
     finally:
-        api_b.delete(f"/api/v1/sandboxes/{sandbox_id}")
+        scenario.api_b.delete(f"/api/v1/sandboxes/{sandbox_id}")
