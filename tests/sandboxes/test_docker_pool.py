@@ -264,3 +264,31 @@ def test_a_new_pool_removes_a_dead_pools_containers_on_this_host():
         fresh.close()
         for cid in left:
             fresh.destroy(cid)
+
+
+def test_settings_size_the_pool_and_reset_closes_it(settings):
+    from sandboxes.providers import get_provider, reset_providers
+
+    image = docker_provider_or_skip().image
+    settings.SANDPIT_PROVIDERS = ["docker"]
+    settings.SANDPIT_INSTALLATION = "pytest-pool-" + uuid.uuid4().hex[:8]
+    settings.SANDPIT_DOCKER_IMAGE = image
+    settings.SANDPIT_DOCKER_POOL_SIZE = 1
+    settings.SANDPIT_DOCKER_CREATE_CONCURRENCY = 2
+    reset_providers()
+    try:
+        built = get_provider("docker")  # DockerEngines over one engine, or the provider
+        provider = next(iter(getattr(built, "providers", {"": built}).values()))
+        assert isinstance(provider, DockerProvider) and provider.pool is not None
+        pool = provider.pool
+        assert pool.size == 1 and provider._gate.limit == 2
+        assert pool.wait_full(FILL_S)
+        (idle,) = pool.idle_ids()
+        reset_providers()  # closes it: the idle container goes
+        with pytest.raises(SandboxGone):
+            DockerProvider(image=image, installation=settings.SANDPIT_INSTALLATION)._inspect(idle)
+        settings.SANDPIT_DOCKER_POOL_SIZE = 0
+        reset_providers()
+        assert get_provider("docker").pool is None  # type: ignore[attr-defined]
+    finally:
+        reset_providers()
