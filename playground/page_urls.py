@@ -6,6 +6,7 @@ from . import views
 
 urlpatterns = [
     path("sandboxes/<str:sandbox_id>/", views.playground, name="playground"),
+    path("templates/", views.templates, name="templates"),
     path("team/", views.team, name="team"),
     path("billing/", views.billing, name="billing"),
     path("staff/", views.staff, name="staff"),

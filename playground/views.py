@@ -120,6 +120,21 @@ def playground(request: HttpRequest, sandbox_id: str) -> HttpResponse:
 
 
 @login_required
+def templates(request: HttpRequest) -> HttpResponse:
+    """The organization's templates: list, create form, build progress and live log."""
+    principal = principal_for_session_user(request)
+    return render(
+        request,
+        "playground/templates.html",
+        {
+            "organization": principal.organization if principal else None,
+            "is_owner": bool(principal and principal.role == "owner"),
+            "nav": "templates",
+        },
+    )
+
+
+@login_required
 def team(request: HttpRequest) -> HttpResponse:
     principal = principal_for_session_user(request)
     return render(

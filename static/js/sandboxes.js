@@ -29,6 +29,21 @@ async function loadProviders() {
   }
 }
 
+// The template menu: the default environment and every ready template (built-ins first).
+async function loadTemplates() {
+  const select = document.getElementById("template");
+  try {
+    const templates = await api("templates");
+    const ready = templates.filter((t) => t.state === "ready");
+    select.replaceChildren(
+      h("option", { value: "default" }, "default"),
+      ...ready.map((t) => h("option", { value: t.name, title: t.description }, `${t.name}${t.languages.length ? ` (${t.languages.join(", ")})` : ""}`)),
+    );
+  } catch (err) {
+    showError(formError, err);
+  }
+}
+
 function row(sb) {
   const live = sb.state === "running" || sb.state === "creating";
   const mem = sb.resources && sb.resources.memory_mb ? `${sb.resources.memory_mb} MB` : "—";
@@ -118,6 +133,7 @@ form.addEventListener("submit", async (ev) => {
 
 showAll.addEventListener("change", refresh);
 loadProviders();
+loadTemplates();
 refresh();
 setInterval(() => {
   if (!document.hidden) refresh();
