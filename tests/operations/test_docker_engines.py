@@ -75,6 +75,7 @@ def test_engines_with_names_labels_tls_and_capacity(tmp_path: Path) -> None:
     )
     assert (a.name, a.url, a.labels, a.tls_config()) == ("a", "unix:///run/a.sock", set(), None)
     assert (b.name, b.labels, b.memory_mb, b.max_sandboxes) == ("b", {"gpu", "eu"}, 4096, 9)
+    assert not a.drain and parse_engines("unix:///a.sock#drain=1", "")[0].drain
     tls = b.tls_config()
     assert tls is not None and tls.verify is True and tls.ca_cert == f"{tmp_path}/ca.pem"
     assert tls.cert == (f"{tmp_path}/c.pem", f"{tmp_path}/k.pem")
@@ -301,8 +302,9 @@ def test_engines_share_the_load_and_survive_one_stopping(
     )
 
 
-def test_sandboxes_go_where_their_image_is(engine_b) -> None:  # type: ignore[no-untyped-def]
-    """An image on one engine only (a template built there) takes its sandboxes there."""
+def test_sandboxes_go_where_their_image_is_and_not_to_a_draining_engine(engine_b) -> None:  # type: ignore[no-untyped-def]
+    """An image on one engine only (a template built there) takes its sandboxes there; an
+    engine marked drain=1 takes none."""
     only_a = f"sandpit-sandbox:engines-only-a-{uuid.uuid4().hex[:8]}"
     subprocess.run(["docker", "tag", docker_provider_or_skip().image, only_a], check=True)
     fleet = DockerEngines(
@@ -317,6 +319,14 @@ def test_sandboxes_go_where_their_image_is(engine_b) -> None:  # type: ignore[no
             made.append(fleet.create(spec).provider_id)
         assert not any(":" in provider_id for provider_id in made)  # all on a
         assert fleet.exec(made[0], ExecRequest(command="true")).exit_code == 0
+        drained = DockerEngines(
+            parse_engines(f"unix:///var/run/docker.sock#name=a&drain=1,{engine_b}#name=b", ""),
+            image=docker_provider_or_skip().image,
+            installation=fleet.installation,
+        )
+        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, resources=Resources(memory_mb=64))
+        made.append(drained.create(spec).provider_id)
+        assert made[-1].startswith("b:")
     finally:
         for provider_id in made:
             fleet.destroy(provider_id)

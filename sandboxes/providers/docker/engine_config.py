@@ -10,8 +10,9 @@ Options: `name` (required with several engines; what Sandbox.engine records), `l
 (repeatable: what organizations or templates may require), `tls=1` (TLS with the system's
 CAs), `tls_ca`/`tls_cert`/`tls_key` (files; any of them turns TLS on and verifies),
 `memory_mb` (the memory placement plans with; default the engine's MemTotal) and
-`max_sandboxes` (a hard cap of running sandboxes on the engine; default none). Empty: one
-engine named "default" at DOCKER_HOST, as before.
+`max_sandboxes` (a hard cap of running sandboxes on the engine; default none) and
+`drain=1` (no new sandboxes there; those running carry on). Empty: one engine named
+"default" at DOCKER_HOST, as before.
 """
 
 from __future__ import annotations
@@ -35,7 +36,18 @@ PROBE_TIMEOUT_S = 3
 DOWN_RETRY_S = 5.0
 """How long an engine that did not answer fails calls at once before it is tried again."""
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-_OPTIONS = {"name", "label", "tls", "tls_ca", "tls_cert", "tls_key", "memory_mb", "max_sandboxes"}
+_OPTIONS = {
+    "name",
+    "label",
+    "tls",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "memory_mb",
+    "max_sandboxes",
+    "drain",
+}
+_YES = ("1", "true", "yes")
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class EngineConfig:
     """The memory placement plans with; 0: the engine's own MemTotal."""
     max_sandboxes: int = 0
     """Most running sandboxes placed on it; 0: no cap."""
+    drain: bool = False
+    """No new sandboxes; those it runs carry on (before maintenance or removal)."""
 
     def tls_config(self) -> docker.tls.TLSConfig | None:
         if not (self.tls or self.tls_ca or self.tls_cert or self.tls_key):
@@ -110,12 +124,13 @@ def parse_engines(value: str, default_url: str) -> list[EngineConfig]:
                 name=name,
                 url=url,
                 labels=frozenset(labels),
-                tls=options.get("tls", "") in ("1", "true", "yes"),
+                tls=options.get("tls", "") in _YES,
                 tls_ca=options.get("tls_ca", ""),
                 tls_cert=options.get("tls_cert", ""),
                 tls_key=options.get("tls_key", ""),
                 memory_mb=memory_mb,
                 max_sandboxes=max_sandboxes,
+                drain=options.get("drain", "") in _YES,
             )
         )
     names = [engine.name for engine in engines]

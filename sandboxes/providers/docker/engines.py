@@ -319,6 +319,9 @@ class DockerEngines(RoutedOperations):
             for engine in labelled:
                 if engine.name in exclude:
                     continue
+                if engine.drain:
+                    reasons.append(f"{engine.name}: draining")
+                    continue
                 status = self._probe(engine.name)
                 if not status.ok:
                     reasons.append(f"{engine.name}: {status.detail}")
