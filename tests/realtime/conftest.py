@@ -95,6 +95,7 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         **os.environ,
         "DATABASE_URL": _database_url_for(connection.settings_dict["NAME"]),
         "SANDPIT_LOCAL_ROOT": str(root),
+        "SANDPIT_SNAPSHOT_DIR": str(tmp_path_factory.mktemp("rt-snapshots")),
         "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
         "SANDPIT_DEFAULT_PROVIDER": "local",
         "SANDPIT_INSTALLATION": "pytest-realtime",

@@ -28,6 +28,8 @@ def server_schema() -> dict:
 
 def _template(path: str, sandbox_id: str) -> str:
     path = path.replace(sandbox_id, "{sandbox_id}")
+    path = re.sub(r"/sandboxes/sbx_\w+", "/sandboxes/{sandbox_id}", path)  # forks
+    path = re.sub(r"/snapshots/snp_\w+", "/snapshots/{snapshot_id}", path)
     path = re.sub(r"/processes/\d+/", "/processes/{pid}/", path)
     return re.sub(r"/terminals/(term_\w+)", "/terminals/{terminal_id}", path)
 
@@ -88,6 +90,15 @@ def test_sdk_requests_match_the_openapi_schema(client):  # type: ignore[no-untyp
             limits={"timeout_s": 5},
         )
         client.run(command="true", provider="local")
+        snapshot = sandbox.snapshot("s")
+        sandbox.snapshots()
+        sandbox.fork().kill()
+        client.create(snapshot=snapshot.id).kill()
+        client.snapshots()
+        client.snapshot_info(snapshot.id)
+        client.delete_snapshot(snapshot.id)
+        sandbox.pause()
+        sandbox.resume()
     finally:
         sandbox.kill()
 

@@ -34,6 +34,7 @@ from .models import (
     SandboxInfo,
     SandboxStats,
     SandboxToken,
+    SnapshotInfo,
     TerminalInfo,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxInfo",
+    "SnapshotInfo",
     "SandboxStats",
     "SandboxToken",
     "Sandpit",

@@ -35,6 +35,7 @@ def create_body(
     metadata: Mapping[str, Any] | None,
     resources: Mapping[str, Any] | None,
     network: bool | None,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -42,6 +43,7 @@ def create_body(
         ("template", template),
         ("timeout_s", timeout_s),
         ("network", network),
+        ("snapshot", snapshot),
     ):
         if value is not None:
             body[key] = value

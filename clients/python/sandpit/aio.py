@@ -31,6 +31,7 @@ from .models import (
     SandboxInfo,
     SandboxStats,
     SandboxToken,
+    SnapshotInfo,
     TerminalInfo,
 )
 
@@ -75,6 +76,7 @@ class AsyncSandpit:
         metadata: Mapping[str, Any] | None = None,
         resources: Mapping[str, Any] | None = None,
         network: bool | None = None,
+        snapshot: str | None = None,
     ) -> AsyncSandbox:
         body = c.create_body(
             provider=provider,
@@ -84,6 +86,7 @@ class AsyncSandpit:
             metadata=metadata,
             resources=resources,
             network=network,
+            snapshot=snapshot,
         )
         response = await self.http.request("POST", f"{c.API}/sandboxes", json=body)
         return AsyncSandbox(self, SandboxInfo.from_json(response.json()))
@@ -148,6 +151,23 @@ class AsyncSandpit:
 
     async def providers(self) -> list[ProviderInfo]:
         return c.providers_from((await self.http.request("GET", f"{c.API}/providers")).json())
+
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Your organization's snapshots, newest first (first page)."""
+        response = await self.http.request("GET", f"{c.API}/snapshots")
+        return [SnapshotInfo.from_json(entry) for entry in response.json()["results"]]
+
+    async def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        response = await self.http.request("GET", f"{c.API}/snapshots/{snapshot_id}")
+        return SnapshotInfo.from_json(response.json())
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot and its archive; False when it was not found."""
+        try:
+            await self.http.request("DELETE", f"{c.API}/snapshots/{snapshot_id}")
+        except NotFoundError:
+            return False
+        return True
 
     async def close(self) -> None:
         await self.http.close()
@@ -280,6 +300,31 @@ class AsyncSandbox:
     async def get_url(self, port: int, *, ttl_s: int = 900) -> str:
         token = await self.create_token(["ports"], ttl_s=ttl_s)
         return c.preview_url(self.client.config.url, self.id, port, token.token)
+
+    async def pause(self) -> SandboxInfo:
+        """Freeze every process, memory kept (see Sandbox.pause)."""
+        self._info = SandboxInfo.from_json((await self._request("POST", "/pause")).json())
+        return self._info
+
+    async def resume(self) -> SandboxInfo:
+        """Thaw a paused sandbox, or start an archived one again (see Sandbox.resume)."""
+        self._info = SandboxInfo.from_json((await self._request("POST", "/resume")).json())
+        return self._info
+
+    async def snapshot(self, name: str = "") -> SnapshotInfo:
+        """Save /workspace and /tmp as a snapshot."""
+        response = await self._request("POST", "/snapshots", json={"name": name})
+        return SnapshotInfo.from_json(response.json())
+
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """This sandbox's snapshots, newest first (first page)."""
+        response = await self._request("GET", "/snapshots")
+        return [SnapshotInfo.from_json(entry) for entry in response.json()["results"]]
+
+    async def fork(self) -> AsyncSandbox:
+        """A new sandbox with a copy of this one's files, on the same client."""
+        response = await self._request("POST", "/fork")
+        return AsyncSandbox(self.client, SandboxInfo.from_json(response.json()))
 
     async def run_code(
         self,

@@ -107,6 +107,7 @@ def cmd_sandbox_create(args: argparse.Namespace) -> int:
             metadata=_pairs(args.metadata, "--metadata"),
             resources=resources or None,
             network=True if args.network else None,
+            snapshot=args.snapshot,
         )
         if args.json:
             _print_json(sandbox.info())
@@ -152,6 +153,33 @@ def cmd_sandbox_kill(args: argparse.Namespace) -> int:
     with _client(args) as client:
         killed = Sandbox(client, client.sandbox_info(args.id)).kill()
     print(f"{args.id} destroyed" if killed else f"{args.id} was already destroyed")
+    return 0
+
+
+def cmd_sandbox_pause(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.connect(args.id).pause()
+    print(f"{info.id} {info.state}")
+    return 0
+
+
+def cmd_sandbox_resume(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.connect(args.id).resume()
+    print(f"{info.id} {info.state}")
+    return 0
+
+
+def cmd_sandbox_snapshot(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        snapshot = client.connect(args.id).snapshot(args.name)
+    print(snapshot.id)
+    return 0
+
+
+def cmd_sandbox_fork(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(client.connect(args.id).fork().id)
     return 0
 
 
@@ -449,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--memory-mb", type=int)
     create.add_argument("--cpu-count", type=float)
     create.add_argument("--network", action="store_true")
+    create.add_argument("--snapshot", help="start from this snapshot's files (snp_...)")
     create.add_argument("--env", action="append", metavar="KEY=VALUE")
     create.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     create.add_argument("--json", action="store_true")
@@ -465,6 +494,19 @@ def build_parser() -> argparse.ArgumentParser:
     kill = ssub.add_parser("kill", help="destroy a sandbox")
     kill.add_argument("id")
     kill.set_defaults(func=cmd_sandbox_kill)
+    pause = ssub.add_parser("pause", help="freeze a sandbox's processes (memory kept)")
+    pause.add_argument("id")
+    pause.set_defaults(func=cmd_sandbox_pause)
+    resume = ssub.add_parser("resume", help="thaw a paused sandbox or restart an archived one")
+    resume.add_argument("id")
+    resume.set_defaults(func=cmd_sandbox_resume)
+    snap = ssub.add_parser("snapshot", help="save a sandbox's files; prints the snapshot id")
+    snap.add_argument("id")
+    snap.add_argument("--name", default="")
+    snap.set_defaults(func=cmd_sandbox_snapshot)
+    fork = ssub.add_parser("fork", help="a new sandbox with a copy of the files; prints its id")
+    fork.add_argument("id")
+    fork.set_defaults(func=cmd_sandbox_fork)
     timeout = ssub.add_parser("timeout", help="set the idle timeout (seconds)")
     timeout.add_argument("id")
     timeout.add_argument("seconds", type=int)

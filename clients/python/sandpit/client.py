@@ -21,6 +21,7 @@ from .models import (
     SandboxInfo,
     SandboxStats,
     SandboxToken,
+    SnapshotInfo,
     TerminalInfo,
 )
 
@@ -54,8 +55,10 @@ class Sandpit:
         metadata: Mapping[str, Any] | None = None,
         resources: Mapping[str, Any] | None = None,
         network: bool | None = None,
+        snapshot: str | None = None,
     ) -> Sandbox:
-        """A new running sandbox. `timeout_s` is its idle timeout (seconds)."""
+        """A new running sandbox. `timeout_s` is its idle timeout (seconds). `snapshot`
+        (snp_...): start with that snapshot's files, on its provider and template."""
         body = c.create_body(
             provider=provider,
             template=template,
@@ -64,6 +67,7 @@ class Sandpit:
             metadata=metadata,
             resources=resources,
             network=network,
+            snapshot=snapshot,
         )
         data = self.http.request("POST", f"{c.API}/sandboxes", json=body).json()
         return Sandbox(self, SandboxInfo.from_json(data))
@@ -133,6 +137,25 @@ class Sandpit:
 
     def providers(self) -> list[ProviderInfo]:
         return c.providers_from(self.http.request("GET", f"{c.API}/providers").json())
+
+    # snapshots ------------------------------------------------------------------------------
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Your organization's snapshots, newest first (first page)."""
+        data = self.http.request("GET", f"{c.API}/snapshots").json()
+        return [SnapshotInfo.from_json(entry) for entry in data["results"]]
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        data = self.http.request("GET", f"{c.API}/snapshots/{snapshot_id}").json()
+        return SnapshotInfo.from_json(data)
+
+    def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot and its archive; False when it was not found."""
+        try:
+            self.http.request("DELETE", f"{c.API}/snapshots/{snapshot_id}")
+        except NotFoundError:
+            return False
+        return True
 
     def close(self) -> None:
         self.http.close()
@@ -274,6 +297,38 @@ class Sandbox:
         valid for `ttl_s` seconds: open it in a browser or fetch it without other credentials."""
         token = self.create_token(["ports"], ttl_s=ttl_s)
         return c.preview_url(self.client.config.url, self.id, port, token.token)
+
+    def pause(self) -> SandboxInfo:
+        """Freeze every process, memory kept; its idle clock stops. Other operations answer
+        409 'sandbox_paused' until `resume()`."""
+        self._info = SandboxInfo.from_json(
+            self.client.http.request("POST", self.path("/pause")).json()
+        )
+        return self._info
+
+    def resume(self) -> SandboxInfo:
+        """Thaw a paused sandbox, or start an archived one again from its files (without
+        its processes)."""
+        self._info = SandboxInfo.from_json(
+            self.client.http.request("POST", self.path("/resume")).json()
+        )
+        return self._info
+
+    def snapshot(self, name: str = "") -> SnapshotInfo:
+        """Save /workspace and /tmp as a snapshot (`Sandpit.create(snapshot=...)` starts
+        new sandboxes from it)."""
+        data = self.client.http.request("POST", self.path("/snapshots"), json={"name": name})
+        return SnapshotInfo.from_json(data.json())
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """This sandbox's snapshots, newest first (first page)."""
+        data = self.client.http.request("GET", self.path("/snapshots")).json()
+        return [SnapshotInfo.from_json(entry) for entry in data["results"]]
+
+    def fork(self) -> Sandbox:
+        """A new sandbox with a copy of this one's files, on the same client."""
+        data = self.client.http.request("POST", self.path("/fork")).json()
+        return Sandbox(self.client, SandboxInfo.from_json(data))
 
     def run_code(
         self,

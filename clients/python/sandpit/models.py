@@ -20,7 +20,7 @@ class SandboxInfo:
 
     id: str
     state: str
-    """'creating', 'running', 'stopped', 'error' or 'destroyed'."""
+    """'creating', 'running', 'paused', 'archived', 'stopped', 'error' or 'destroyed'."""
     provider: str
     template: str
     timeout_s: int
@@ -37,6 +37,10 @@ class SandboxInfo:
     """The maximum lifetime's end: destroyed then regardless of activity."""
     error_message: str | None = None
     destroy_reason: str | None = None
+    paused_at: datetime | None = None
+    """When it was paused (None unless paused or archived)."""
+    snapshot: str | None = None
+    """The snapshot it was started from (snp_...), if any."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxInfo:
@@ -56,6 +60,40 @@ class SandboxInfo:
             expires_at=_time(data.get("expires_at")),
             error_message=data.get("error_message") or None,
             destroy_reason=data.get("destroy_reason") or None,
+            paused_at=_time(data.get("paused_at")),
+            snapshot=data.get("snapshot") or None,
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A saved copy of a sandbox's files (/workspace and /tmp); new sandboxes start from it."""
+
+    id: str
+    sandbox: str
+    """The sandbox it was taken from."""
+    name: str
+    kind: str
+    """'manual', or 'archive' (the reaper's, of a long-paused sandbox)."""
+    state: str
+    provider: str
+    template: str
+    size_bytes: int
+    """Bytes stored (compressed)."""
+    created_at: datetime | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SnapshotInfo:
+        return cls(
+            id=data["id"],
+            sandbox=data.get("sandbox", ""),
+            name=data.get("name", ""),
+            kind=data.get("kind", ""),
+            state=data.get("state", ""),
+            provider=data.get("provider", ""),
+            template=data.get("template", ""),
+            size_bytes=int(data.get("size_bytes") or 0),
+            created_at=_time(data.get("created_at")),
         )
 
 
