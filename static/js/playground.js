@@ -3,6 +3,7 @@
 import { api, ago, bytes, h, pageData, toast, wsUrl } from "./api.js";
 import { Editor } from "./editor.js";
 import { Explorer } from "./explorer.js";
+import { Lifecycle } from "./lifecycle.js";
 import { planNotice } from "./plan.js";
 import { Runner } from "./run.js";
 import { TerminalTabs } from "./terminal.js";
@@ -57,6 +58,19 @@ const terminals = new TerminalTabs({
 
 let state = data.sandbox.state;
 let gone = false;
+const startedRunning = ["running", "creating"].includes(state);
+
+const lifecycle = new Lifecycle({
+  sandboxId,
+  pauseButton: $("pause"),
+  resumeButton: $("resume"),
+  forkButton: $("fork"),
+  onState: (next) => {
+    // A page opened on a paused sandbox never connected its live parts: start them afresh.
+    if (next === "running" && !startedRunning) window.location.reload();
+    else setState(next);
+  },
+});
 
 function setState(next, reason) {
   if (next === "gone") {
@@ -67,6 +81,7 @@ function setState(next, reason) {
   const pill = $("sandbox-state");
   pill.textContent = next;
   pill.className = `pill ${next}`;
+  lifecycle.render(next);
   if (["stopped", "destroyed", "error"].includes(next) && !gone) {
     gone = true;
     const why = reason ? ` (${reason.replace(/_/g, " ")})` : "";

@@ -46,11 +46,12 @@ async function loadTemplates() {
 
 function row(sb) {
   const live = sb.state === "running" || sb.state === "creating";
+  const openable = live || sb.state === "paused" || sb.state === "archived"; // resumed from its page
   const mem = sb.resources && sb.resources.memory_mb ? `${sb.resources.memory_mb} MB` : "—";
   return h(
     "tr",
     { dataset: { id: sb.id } },
-    h("td", {}, live ? h("a.mono", { href: `/sandboxes/${sb.id}/` }, sb.id) : h("span.mono", {}, sb.id)),
+    h("td", {}, openable ? h("a.mono", { href: `/sandboxes/${sb.id}/` }, sb.id) : h("span.mono", {}, sb.id)),
     h("td", {}, h("span", { class: stateClass(sb.state), title: sb.error_message || sb.destroy_reason || "" }, sb.state)),
     h("td", {}, sb.isolation === "gvisor" ? `${sb.provider} (gVisor)` : sb.provider),
     h("td.hide-sm", {}, sb.template),
@@ -60,7 +61,7 @@ function row(sb) {
     h(
       "td.actions",
       {},
-      live ? h("a", { href: `/sandboxes/${sb.id}/`, class: "open-link" }, "Open") : null,
+      openable ? h("a", { href: `/sandboxes/${sb.id}/`, class: "open-link" }, "Open") : null,
       " ",
       sb.state !== "destroyed"
         ? h("button.small.danger", { type: "button", onclick: () => destroy(sb), "aria-label": `Destroy ${sb.id}` }, "Destroy")
