@@ -156,3 +156,17 @@ def test_the_time_and_size_limits_fail_a_build(api_a, template_env, settings):
     assert not image_exists(f"sandpit-template:{big['id'].replace('_', '-')}")
     assert not (Path(settings.SANDPIT_TEMPLATE_ROOT) / big["id"].replace("_", "-")).exists()
     assert os.path.isdir(settings.SANDPIT_TEMPLATE_ROOT)
+
+
+def test_deleting_an_organization_removes_its_templates_images_and_roots(org_b, template_env):
+    tag = "sandpit-template:tpl-org-cascade-test"
+    subprocess.run(["docker", "tag", settings.SANDPIT_DOCKER_IMAGE, tag], check=True)
+    root = Path(settings.SANDPIT_TEMPLATE_ROOT) / "tpl-org-cascade-test"
+    (root / "usr" / "bin").mkdir(parents=True)
+    Template.objects.create(
+        organization=org_b, name="gone", dockerfile=MARKED, image=tag, rootfs=str(root)
+    )
+    org_b.delete()
+    assert not Template.objects.filter(name="gone").exists()
+    assert not image_exists(tag) and not root.exists()
+    assert image_exists(settings.SANDPIT_DOCKER_IMAGE)  # the base stays
