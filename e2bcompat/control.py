@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import principal_of
-from playground.errors import ApplicationError, api_exception_handler
-from sandboxes import services
+from playground.errors import ApplicationError, Conflict, api_exception_handler
+from sandboxes import services, snapshots
 from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
 from sandboxes.apis import _fingerprint as request_fingerprint
 from sandboxes.apis import _stored as stored_response
@@ -58,9 +58,9 @@ class E2BApi(APIView):
     def sandbox(self, request: Request, sandbox_id: str):  # type: ignore[no-untyped-def]
         return sandbox_get_for_principal(principal=request.auth, sandbox_id=sandbox_id)
 
-    def live_sandbox(self, request: Request, sandbox_id: str):  # type: ignore[no-untyped-def]
+    def live_sandbox(self, request: Request, sandbox_id: str, *, paused_too: bool = False):  # type: ignore[no-untyped-def]
         sandbox = self.sandbox(request, sandbox_id)
-        translate.require_running(sandbox)
+        translate.require_running(sandbox, paused_too=paused_too)
         return sandbox
 
 
@@ -141,13 +141,14 @@ class SandboxesApi(E2BApi):
         return response
 
     def get(self, request: Request) -> Response:
-        states = {s for s in request.query_params.get("state", "").split(",") if s}
-        if states and "running" not in states:
-            return Response([])  # Sandpit never pauses: nothing is paused
+        states = {s for s in request.query_params.get("state", "").split(",") if s} or {"running"}
         wanted = translate.metadata_filter(request.query_params.get("metadata"))
         principal = request.auth
         found = []
-        for sandbox in sandboxes_for_org(principal.organization, state=SandboxState.RUNNING):
+        listed = [SandboxState.RUNNING] if "running" in states else []
+        if "paused" in states:
+            listed += list(translate.HELD_STATES)
+        for sandbox in sandboxes_for_org(principal.organization).filter(state__in=listed):
             if not principal.allows_sandbox(sandbox.id):
                 continue
             metadata = sandbox.metadata or {}
@@ -160,11 +161,11 @@ class SandboxApi(E2BApi):
     """GET /sandboxes/{id}: info (not counted). DELETE: kill (counted once)."""
 
     def get(self, request: Request, sandbox_id: str) -> Response:
-        sandbox = self.live_sandbox(request, sandbox_id)
+        sandbox = self.live_sandbox(request, sandbox_id, paused_too=True)
         return Response(translate.sandbox_detail(sandbox))
 
     def delete(self, request: Request, sandbox_id: str) -> Response:
-        sandbox = self.live_sandbox(request, sandbox_id)
+        sandbox = self.live_sandbox(request, sandbox_id, paused_too=True)
         services.sandbox_destroy(sandbox=sandbox, reason="api", caller=self.caller(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -190,9 +191,14 @@ class SandboxConnectApi(E2BApi):
     extends the sandbox as a step of the same operation."""
 
     def post(self, request: Request, sandbox_id: str) -> Response:
-        sandbox = self.live_sandbox(request, sandbox_id)
+        sandbox = self.live_sandbox(request, sandbox_id, paused_too=True)
         body = request.data if isinstance(request.data, dict) else {}
         caller = self.caller(request)
+        if sandbox.state != SandboxState.RUNNING:
+            # E2B's connect resumes a paused sandbox: then the resume is the counted
+            # operation and the token a step of it.
+            snapshots.sandbox_resume(caller=caller, sandbox=sandbox)
+            caller = caller.unbilled()
         token, _ = services.sandbox_token_mint(
             caller=caller,
             sandbox=sandbox,
@@ -207,9 +213,21 @@ class SandboxConnectApi(E2BApi):
         return Response(translate.sandbox_created(sandbox, access_token=token))
 
 
+class SandboxPauseApi(E2BApi):
+    """POST /sandboxes/{id}/pause: freeze it, memory kept (counted once); 409 when it is
+    already paused, as E2B answers."""
+
+    def post(self, request: Request, sandbox_id: str) -> Response:
+        sandbox = self.live_sandbox(request, sandbox_id, paused_too=True)
+        if sandbox.state != SandboxState.RUNNING:
+            raise Conflict(f"Sandbox {sandbox_id} is already paused.", code="already_paused")
+        snapshots.sandbox_pause(caller=self.caller(request), sandbox=sandbox)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 class NotSupportedApi(E2BApi):
-    """Everything else under /e2b/ (pause, resume, snapshots, fork, templates, volumes,
-    secrets, network rules...): Sandpit has no such thing, and says so in E2B's shape."""
+    """Everything else under /e2b/ (E2B's snapshots and fork, templates, volumes, secrets,
+    network rules...): Sandpit has no such thing, and says so in E2B's shape."""
 
     def _refuse(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         path = request.path.removeprefix("/e2b")
@@ -217,7 +235,7 @@ class NotSupportedApi(E2BApi):
             {
                 "code": 501,
                 "message": f"{request.method} {path} is not supported by Sandpit's E2B-compatible "
-                "API (no pause/resume, snapshots, templates by name, volumes or secrets).",
+                "API (no E2B snapshots or fork, templates by name, volumes or secrets).",
                 "error": {"code": "not_supported", "message": "Not supported by Sandpit."},
             },
             status=status.HTTP_501_NOT_IMPLEMENTED,

@@ -72,6 +72,10 @@ def _end_at(sandbox: Sandbox) -> datetime:
     return min(idle_end, sandbox.expires_at)
 
 
+HELD_STATES = (SandboxState.PAUSED, SandboxState.ARCHIVED)
+"""What E2B calls paused: Sandpit's paused (frozen) and archived (files only) sandboxes."""
+
+
 def _state(sandbox: Sandbox) -> str:
     return "running" if sandbox.state == SandboxState.RUNNING else "paused"
 
@@ -117,9 +121,10 @@ def sandbox_created(sandbox: Sandbox, *, access_token: str) -> dict[str, Any]:
     }
 
 
-def require_running(sandbox: Sandbox) -> None:
-    """E2B knows only live sandboxes: a destroyed or failed one is 'not found'."""
-    if sandbox.state != SandboxState.RUNNING:
+def require_running(sandbox: Sandbox, *, paused_too: bool = False) -> None:
+    """E2B knows only live (and, where `paused_too`, paused) sandboxes: a destroyed or
+    failed one is 'not found'."""
+    if sandbox.state != SandboxState.RUNNING and not (paused_too and sandbox.state in HELD_STATES):
         raise NotFound(f"Sandbox {sandbox.id} was not found.", code="sandbox_not_found")
 
 

@@ -13,6 +13,7 @@ urlpatterns = [
     path("sandboxes/<str:sandbox_id>", control.SandboxApi.as_view()),
     path("sandboxes/<str:sandbox_id>/timeout", control.SandboxTimeoutApi.as_view()),
     path("sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),
+    path("sandboxes/<str:sandbox_id>/pause", control.SandboxPauseApi.as_view()),
     path("v2/sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),
     path("files", control.FilesApi.as_view()),
     path("health", control.HealthApi.as_view()),

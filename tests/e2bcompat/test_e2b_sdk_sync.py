@@ -237,7 +237,25 @@ def test_what_sandpit_lacks_answers_not_supported(e2b_env, org_a):  # type: igno
     sbx = Sandbox.create(template="base")
     try:
         with pytest.raises(SandboxException, match="501.*not supported"):
-            sbx.pause()
+            sbx.get_metrics()
+    finally:
+        sbx.kill()
+
+
+def test_pause_then_connect_resumes(e2b_env, org_a):  # type: ignore[no-untyped-def]
+    from e2b import Sandbox, SandboxQuery, SandboxState
+
+    sbx = Sandbox.create(template="base")
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept")
+        assert sbx.pause() is True
+        assert sbx.pause() is False  # already paused: E2B's 409
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+        listed = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in listed] == [sbx.sandbox_id]
+        again = Sandbox.connect(sbx.sandbox_id)  # resumes it
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+        assert again.files.read("/home/user/kept.txt") == "kept"
     finally:
         sbx.kill()
 
