@@ -24,8 +24,8 @@ from accounts.permissions import principal_of
 from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
 from playground.pagination import CursorlessPagination
 
+from . import code_services, services
 from . import serializers as s
-from . import services
 from .caller import Caller, StoredResponse, request_begin, request_finish
 from .models import Sandbox
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
@@ -329,22 +329,37 @@ class SandboxCodeApi(SandboxApi):
     @extend_schema(request=s.CodeInput)
     def post(self, request: Request, sandbox_id: str) -> Response:
         data = _validated(s.CodeInput, request.data)
-        language = services.resolve_language(data["code"], data.get("language"))
+        language = code_services.resolve_language(data["code"], data.get("language"))
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
             stdin = data.get("stdin")
-            resolved, result = services.sandbox_run_code(
+            code_run = code_services.sandbox_run_code(
                 caller=caller,
                 sandbox=sandbox,
                 code=data["code"],
                 language=language,
                 timeout_s=data.get("timeout_s"),
+                compile_timeout_s=data.get("compile_timeout_s"),
                 stdin=stdin.encode() if stdin else None,
             )
-            return Response({**s.exec_result_data(result, data["encoding"]), "language": resolved})
+            return Response(s.code_run_data(code_run, data["encoding"]))
 
         return self.operate(request, run)
+
+
+class SandboxLanguagesApi(SandboxApi):
+    """The languages the sandbox runs (its template's, probed once per environment). Not
+    counted: a read of what the sandbox offers, like its detail."""
+
+    required_scope = "exec"
+    sandbox_token_methods = frozenset({"GET"})
+
+    @extend_schema(responses=s.LanguageOutput(many=True))
+    def get(self, request: Request, sandbox_id: str) -> Response:
+        sandbox = self.sandbox(request, sandbox_id)
+        found = code_services.sandbox_languages(sandbox=sandbox)
+        return Response({"results": s.LanguageOutput(found, many=True).data})
 
 
 # --- files --------------------------------------------------------------------------------------
@@ -643,11 +658,11 @@ class RunApi(SandboxApi):
         principal = principal_of(request)
         _no_tokens(principal)
         if data.get("code") is not None:
-            services.resolve_language(data["code"], data.get("language"))
+            code_services.resolve_language(data["code"], data.get("language"))
 
         def run(caller: Caller) -> Response:
             stdin = data.get("stdin")
-            outcome = services.run_once(
+            outcome = code_services.run_once(
                 caller=caller,
                 code=data.get("code"),
                 command=data.get("command"),
@@ -663,6 +678,7 @@ class RunApi(SandboxApi):
                     **s.exec_result_data(result),
                     "verdict": outcome.verdict,
                     "language": outcome.language,
+                    "compile": s.compile_data(outcome.compile),
                     "cpu_time_ms": result.cpu_time_ms,
                     "peak_memory_bytes": result.peak_memory_bytes,
                 }

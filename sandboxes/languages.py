@@ -279,7 +279,9 @@ LANGUAGES: tuple[Language, ...] = (
 
 BY_NAME: dict[str, Language] = {language.name: language for language in LANGUAGES}
 _BY_ALIAS: dict[str, Language] = {
-    alias: language for language in LANGUAGES for alias in (language.name, *language.aliases)
+    alias: language
+    for language in LANGUAGES
+    for alias in (*language.extensions, language.name, *language.aliases)
 }
 ALL_BINARIES: tuple[str, ...] = tuple(
     dict.fromkeys(b for language in LANGUAGES for b in language.binaries)
@@ -287,7 +289,8 @@ ALL_BINARIES: tuple[str, ...] = tuple(
 
 
 def lookup(name: str) -> Language | None:
-    """The language called `name` or one of its aliases (any case); None when unknown."""
+    """The language called `name`, one of its aliases or file extensions (any case; `sandpit
+    run x.rs` sends the extension); None when unknown."""
     return _BY_ALIAS.get(name.strip().lower())
 
 

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from playground.inputs import InputSerializer
 
+from .code_runs import CodeRun
 from .models import Sandbox
 from .providers.base import ExecResult, FileEntry, ProcessInfo
 
@@ -303,14 +304,22 @@ class CodeInput(InputSerializer):
         required=False,
         allow_null=True,
         max_length=20,
-        help_text="python, node or bash; without it, Python is detected from the code, "
-        "otherwise node.",
+        help_text="A language the sandbox runs (GET .../languages: python, node, typescript, "
+        "bash, c, cpp, go, rust, java, ruby, perl, php, lua, or an alias); without it, "
+        "detected from the code (shebang, `package main`, `fn main()`, `#include`, ...).",
     )
     timeout_s = StrictFloatField(
         required=False,
         min_value=0.1,
         max_value=300,
-        help_text="Seconds before the program is killed (default 30).",
+        help_text="Seconds before the program is killed (default 30); the compile step of a "
+        "compiled language has its own limit.",
+    )
+    compile_timeout_s = StrictFloatField(
+        required=False,
+        min_value=0.1,
+        max_value=300,
+        help_text="Seconds the compile step of a compiled language may take (default 30).",
     )
     stdin = StdinField(
         help_text="Text fed to the program's standard input (at most 1 MiB); without it, "
@@ -338,6 +347,45 @@ def exec_result_data(result: ExecResult, encoding: str = "utf-8") -> dict[str, A
         "stdout_truncated": result.stdout_truncated,
         "stderr_truncated": result.stderr_truncated,
     }
+
+
+def compile_data(result: ExecResult | None, encoding: str = "utf-8") -> dict[str, Any] | None:
+    """A compile step (None when nothing was compiled): the compiler's output (each stream
+    at most 64 KiB) and status."""
+    if result is None:
+        return None
+    return {
+        "stdout": _encoded(result.stdout, encoding),
+        "stderr": _encoded(result.stderr, encoding),
+        "exit_code": result.exit_code,
+        "duration_ms": round(result.duration_ms, 2),
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+    }
+
+
+def code_run_data(run: CodeRun, encoding: str = "utf-8") -> dict[str, Any]:
+    """A snippet's run: the program's result (the compiler's when the compile failed), its
+    language, `compile` (null for an interpreted language) and `compile_failed`."""
+    return {
+        **exec_result_data(run.result, encoding),
+        "language": run.language,
+        "compile": compile_data(run.compile, encoding),
+        "compile_failed": run.compile_failed,
+    }
+
+
+class LanguageOutput(serializers.Serializer):
+    name = serializers.CharField(help_text="What `language` takes (/code, /run, the SDK).")
+    label = serializers.CharField(help_text="A name for people (the playground's menu).")
+    compiled = serializers.BooleanField(help_text="Compiled before it runs.")
+    extensions = serializers.ListField(
+        child=serializers.CharField(), help_text="File extensions, without the dot."
+    )
+    aliases = serializers.ListField(
+        child=serializers.CharField(), help_text="Other names `language` accepts."
+    )
+    sample = serializers.CharField(help_text="A hello-world program.")
 
 
 def background_output_data(
@@ -462,7 +510,9 @@ class RunInput(InputSerializer):
         required=False,
         allow_null=True,
         max_length=20,
-        help_text="The language of `code`: python, node or bash (default: detected).",
+        help_text="The language of `code` (see GET /sandboxes/{id}/languages; default: "
+        "detected). Compiled languages are compiled first: a failure is the "
+        "'compile_error' verdict.",
     )
     provider = StrictCharField(
         required=False, max_length=30, help_text="An enabled provider; default the server's."
@@ -479,8 +529,9 @@ class RunInput(InputSerializer):
         child=StrictFloatField(min_value=0),
         required=False,
         default=dict,
-        help_text="timeout_s (default 10, at most 60), memory_mb (default 256, at most 2048), "
-        "pids (default 64, at most 256).",
+        help_text="timeout_s: the run (default 10, at most 60); compile_timeout_s: the compile "
+        "step of a compiled language (default 30, at most 60); memory_mb (default 256, at "
+        "most 2048) and pids (default 64, at most 256): the sandbox, both steps.",
     )
 
     def validate_files(self, value: dict[str, str]) -> dict[str, str]:
@@ -491,7 +542,7 @@ class RunInput(InputSerializer):
         return value
 
     def validate_limits(self, value: dict[str, float]) -> dict[str, float]:
-        allowed = {"timeout_s": 60, "memory_mb": 2048, "pids": 256}
+        allowed = {"timeout_s": 60, "compile_timeout_s": 60, "memory_mb": 2048, "pids": 256}
         for key, item in value.items():
             if key not in allowed:
                 raise serializers.ValidationError(f"Unknown limit '{key}'.")

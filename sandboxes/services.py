@@ -44,7 +44,6 @@ from .providers import (
     resolve_provider_name,
 )
 from .providers.base import (
-    SUPPORTED_LANGUAGES,
     Capability,
     CapabilityNotSupported,
     ExecRequest,
@@ -59,7 +58,6 @@ from .providers.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStats,
-    detect_language,
 )
 from .snapshot_store import archives_drop
 from .templates import template_for_sandbox
@@ -434,57 +432,6 @@ def sandbox_exec(
     return result
 
 
-def resolve_language(code: str, language: str | None) -> str:
-    """The language to run `code` in: `language` (aliases allowed) or detected. Raises
-    ApplicationError 'unknown_language' (400)."""
-    if not language:
-        return detect_language(code)
-    language = language.lower()
-    aliases = {
-        "python3": "python",
-        "py": "python",
-        "javascript": "node",
-        "js": "node",
-        "sh": "bash",
-        "shell": "bash",
-    }
-    language = aliases.get(language, language)
-    if language not in SUPPORTED_LANGUAGES:
-        raise ApplicationError(
-            f"Unknown language '{language}'. Supported: {', '.join(SUPPORTED_LANGUAGES)}.",
-            code="unknown_language",
-        )
-    return language
-
-
-def sandbox_run_code(
-    *,
-    caller: Caller,
-    sandbox: Sandbox,
-    code: str,
-    language: str | None = None,
-    timeout_s: float | None = None,
-    stdin: bytes | None = None,
-) -> tuple[str, ExecResult]:
-    """Run a snippet, counted once; returns (resolved language, result)."""
-    resolved = resolve_language(code, language)
-    with metered(caller, feature="exec", operation="code", scope="exec"):
-        _require_running(sandbox)
-        provider = provider_for(sandbox)
-        require_capability(provider, Capability.RUN_CODE)
-        result = _call(
-            sandbox,
-            provider.run_code,
-            sandbox.provider_id,
-            code,
-            resolved,
-            min(timeout_s or 30.0, settings.SANDPIT_MAX_COMMAND_TIMEOUT_S),
-            stdin,
-        )
-    sandbox_touch(sandbox)
-    return resolved, result
-
-
 # --- files -----------------------------------------------------------------------------------
 
 
@@ -847,86 +794,3 @@ def providers_describe(organization: Organization) -> list[dict[str, Any]]:
         }
         providers.append(entry)
     return providers
-
-
-# --- one-shot judge --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JudgeOutcome:
-    verdict: str
-    """'ok', 'runtime_error', 'timeout', 'memory_limit' or 'output_limit'."""
-    language: str | None
-    result: ExecResult
-
-
-def judge_verdict(result: ExecResult, memory_limit_bytes: int) -> str:
-    if result.timed_out:
-        return "timeout"
-    near_limit = (
-        result.peak_memory_bytes is not None
-        and result.peak_memory_bytes >= memory_limit_bytes * 0.9
-    )
-    if result.oom_killed or (result.exit_code in (-9, 137) and near_limit):
-        return "memory_limit"
-    if result.truncated:
-        return "output_limit"
-    if result.exit_code != 0:
-        return "runtime_error"
-    return "ok"
-
-
-def run_once(
-    *,
-    caller: Caller,
-    code: str | None,
-    command: str | None,
-    language: str | None,
-    files: Mapping[str, str],
-    stdin: bytes | None,
-    limits: Mapping[str, Any],
-    provider_name: str | None = None,
-) -> JudgeOutcome:
-    """Create an ephemeral sandbox, write files, run, and always destroy it: one counted
-    operation ('run', feature 'exec'); its steps are not counted on their own."""
-    principal = caller.principal
-    if principal is None:
-        raise Forbidden("A one-shot run needs an organization.", code="token_not_allowed")
-    resolved = resolve_language(code, language) if code is not None else None
-    memory_mb = int(limits.get("memory_mb", 256))
-    step = caller.unbilled()
-    with metered(caller, feature="exec", operation="run"):
-        sandbox = sandbox_create(
-            principal=principal,
-            provider_name=provider_name,
-            resources={"memory_mb": memory_mb, "pids": int(limits.get("pids", 64))},
-            ephemeral=True,
-            timeout_s=120,
-            caller=step,
-        )
-        try:
-            for path, content in files.items():
-                sandbox_file_write(caller=step, sandbox=sandbox, path=path, data=content.encode())
-            timeout_s = float(limits.get("timeout_s", 10))
-            if code is not None:
-                _, result = sandbox_run_code(
-                    caller=step,
-                    sandbox=sandbox,
-                    code=code,
-                    language=resolved,
-                    timeout_s=timeout_s,
-                    stdin=stdin,
-                )
-            else:
-                result = sandbox_exec(
-                    caller=step,
-                    sandbox=sandbox,
-                    command=command or "",
-                    timeout_s=timeout_s,
-                    stdin=stdin,
-                )
-        finally:
-            sandbox_destroy(sandbox=sandbox, reason="ephemeral")
-    return JudgeOutcome(
-        verdict=judge_verdict(result, memory_mb * 1024 * 1024), language=resolved, result=result
-    )

@@ -11,6 +11,7 @@ urlpatterns = [
     path(f"{sandbox}/stats", apis.SandboxStatsApi.as_view(), name="api-sandbox-stats"),
     path(f"{sandbox}/commands", apis.SandboxCommandApi.as_view(), name="api-sandbox-commands"),
     path(f"{sandbox}/code", apis.SandboxCodeApi.as_view(), name="api-sandbox-code"),
+    path(f"{sandbox}/languages", apis.SandboxLanguagesApi.as_view(), name="api-sandbox-languages"),
     path(f"{sandbox}/files", apis.FilesApi.as_view(), name="api-sandbox-files"),
     path(
         f"{sandbox}/files/content", apis.FileContentApi.as_view(), name="api-sandbox-file-content"

@@ -452,7 +452,9 @@ class SandboxProvider(Protocol):
         timeout_s: float = 30.0,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """language is one of 'python', 'node', 'bash' (already resolved)."""
+        """`language` is one of sandboxes.languages.inline_runners() (already resolved);
+        others raise InvalidRequest. Services run every language of the table through exec
+        (sandboxes/code_runs.py)."""
         ...
 
     # files (paths relative to the workspace, or absolute inside it)
@@ -558,17 +560,3 @@ class SnapshotProvider(SandboxProvider, Protocol):
         """Delete a snapshot archive (a file on Sandpit's host for local and docker); False
         when it was already gone."""
         ...
-
-
-# language auto-detection, shared by every provider (the seeds' rule)
-_PYTHON_HINTS = ("print(", "import ", "def ", 'f"', "f'", "__", "sys.", "json.")
-
-
-def detect_language(code: str) -> str:
-    """'python' when the code looks like Python (the seeds' indicators), else 'node'."""
-    if any(hint in code for hint in _PYTHON_HINTS):
-        return "python"
-    return "node"
-
-
-SUPPORTED_LANGUAGES = ("python", "node", "bash")

@@ -8,6 +8,21 @@ export const LANGUAGES = {
   bash: { mode: "shell", label: "Bash", ext: ["sh", "bash"], sample: 'echo "Hello from $(uname -s)"\nls -la\n' },
 };
 
+/** Editor modes for the languages the server may add (only these modes are vendored). */
+const MODE_BY_LANGUAGE = { typescript: { name: "javascript", typescript: true } };
+
+/** The sandbox's languages (GET .../languages) become the menu: the three above keep their
+ * richer samples, the others come with the server's label, extensions and hello world. */
+export function addLanguages(list) {
+  for (const entry of list) {
+    if (!LANGUAGES[entry.name]) {
+      LANGUAGES[entry.name] = { mode: MODE_BY_LANGUAGE[entry.name] ?? null, label: entry.label, ext: entry.extensions, sample: entry.sample };
+    }
+  }
+  const offered = new Set(list.map((entry) => entry.name));
+  for (const name of Object.keys(LANGUAGES)) if (!offered.has(name)) delete LANGUAGES[name];
+}
+
 /** Not a program: opened files the editor shows without a language to run them in. */
 export const PLAIN_TEXT = "text";
 
@@ -75,6 +90,32 @@ export class Editor {
 
   get language() {
     return this.languageSelect.value;
+  }
+
+  /** Rebuild the language menu from the sandbox's languages (GET .../languages); the
+   * shown language stays when the sandbox has it. */
+  setLanguages(list) {
+    addLanguages(list);
+    const shown = this.shownLanguage;
+    const options = Object.entries(LANGUAGES).map(([name, lang]) => {
+      const option = document.createElement("option");
+      option.value = name;
+      option.textContent = lang.label;
+      return option;
+    });
+    const plain = document.createElement("option");
+    plain.value = PLAIN_TEXT;
+    plain.textContent = "Plain text";
+    this.languageSelect.replaceChildren(...options, plain);
+    if (LANGUAGES[shown] || shown === PLAIN_TEXT) {
+      this.languageSelect.value = shown;
+    } else if (this.path) {
+      this.setLanguage(PLAIN_TEXT); // an open file in a language this sandbox cannot run
+    } else if (options.length) {
+      this.setLanguage(options[0].value);
+      this.cm.setValue(this.scratch(options[0].value));
+      this.cm.clearHistory();
+    }
   }
 
   /** Each language keeps its own scratch file (in this browser), so switching never runs

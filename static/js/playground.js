@@ -102,6 +102,13 @@ function setState(next, reason) {
   }
 }
 
+// The language menu lists what this sandbox runs (its template's languages).
+api(`sandboxes/${sandboxId}/languages`)
+  .then((res) => editor.setLanguages(res.results))
+  .catch(() => {
+    /* an ended sandbox keeps the built-in menu */
+  });
+
 async function checkState() {
   try {
     const sb = await api(`sandboxes/${sandboxId}`);

@@ -42,7 +42,7 @@ export class Runner {
     const stdin = this.stdin.value;
     this.output.replaceChildren();
     if (language === "text") {
-      this.meta(`${this.editor.path || "This file"} is not a program. Pick Python, Node.js or Bash in the language menu to run code.`, true);
+      this.meta(`${this.editor.path || "This file"} is not a program. Pick a language in the language menu to run code.`, true);
       return;
     }
     this.stderrText = "";

@@ -34,6 +34,7 @@ TOKEN_ALLOWED: dict[tuple[str, str], str | None] = {
     ("SandboxStatsApi", "GET"): None,
     ("SandboxCommandApi", "POST"): "exec",
     ("SandboxCodeApi", "POST"): "exec",
+    ("SandboxLanguagesApi", "GET"): "exec",
     ("ProcessListApi", "GET"): "exec",
     ("ProcessListApi", "POST"): "exec",
     ("ProcessSignalApi", "POST"): "exec",

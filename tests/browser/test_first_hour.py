@@ -11,6 +11,7 @@ import zipfile
 import pytest
 
 from tests.browser.conftest import PASSWORD, login
+from tests.requirements import missing_part
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -100,6 +101,23 @@ def test_language_menu_switches_to_that_languages_scratch(page, org_owner):  # t
     page.locator("#output").get_by_text(re.compile("exit 0")).wait_for()
     page.select_option("#language", "python")
     assert page.evaluate("window.sandpit.editor.cm.getValue()") == 'print("from python")\n'
+
+
+def test_language_menu_offers_the_sandboxs_compilers(page, org_owner):  # type: ignore[no-untyped-def]
+    import shutil
+
+    if shutil.which("gcc") is None:
+        missing_part("the local default jail offers C only where the host has gcc")
+    login(page, org_owner.email)
+    _open(page, _new_sandbox(page))
+    # The menu is rebuilt from GET .../languages: the host's gcc makes C one of them.
+    page.locator('#language option[value="c"]').wait_for(state="attached")
+    assert page.locator('#language option[value="cobol"]').count() == 0
+    page.select_option("#language", "c")
+    assert "#include <stdio.h>" in page.evaluate("window.sandpit.editor.cm.getValue()")
+    page.click("#run")
+    page.locator("#output").get_by_text(re.compile("exit 0")).wait_for()
+    assert "Hello, world!" in page.inner_text("#output")
 
 
 def test_opening_a_csv_is_plain_text_not_python(page, org_owner):  # type: ignore[no-untyped-def]

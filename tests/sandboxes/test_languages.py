@@ -91,6 +91,12 @@ def test_names_aliases_and_unknowns() -> None:
     assert table.lookup(" JS ").name == "node"  # type: ignore[union-attr]
     assert table.lookup("c++").name == "cpp"  # type: ignore[union-attr]
     assert table.lookup("golang").name == "go"  # type: ignore[union-attr]
+    for extension, name in (("rs", "rust"), ("mjs", "node"), ("cc", "cpp"), ("PM", "perl")):
+        assert table.lookup(extension).name == name  # type: ignore[union-attr]
+    owners: dict[str, str] = {}
+    for language in table.LANGUAGES:
+        for key in (*language.extensions, language.name, *language.aliases):
+            assert owners.setdefault(key, language.name) == language.name, key
     for unknown in ("cobol", "", "python4", "node;rm -rf /", "../bash"):
         assert table.lookup(unknown) is None
     aliases = [a for language in table.LANGUAGES for a in (language.name, *language.aliases)]

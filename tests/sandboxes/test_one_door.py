@@ -42,6 +42,7 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     # execution
     ("api/v1/sandboxes/<str:sandbox_id>/commands", "POST"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/code", "POST"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/languages", "GET"): 0,
     ("api/v1/run", "POST"): 1,
     # files
     ("api/v1/sandboxes/<str:sandbox_id>/files", "GET"): 1,
@@ -264,6 +265,7 @@ def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-unty
         await arest(
             (f"{sbx}/code", "POST"), "POST", f"{base}/code", {"code": "1", "language": "python"}
         )
+        await arest((f"{sbx}/languages", "GET"), "GET", f"{base}/languages")
         await arest(("api/v1/run", "POST"), "POST", "/api/v1/run", {"command": "echo one-shot"})
         content = f"{sbx}/files/content"
         await arest(

@@ -161,7 +161,7 @@ def test_run_code_python_reads_stdin(provider, sandbox):
 def test_run_code_unknown_language_is_invalid(provider, sandbox):
     needs(provider, Capability.RUN_CODE)
     with pytest.raises(InvalidRequest):
-        provider.run_code(sandbox, "puts 1", "ruby")
+        provider.run_code(sandbox, "DISPLAY 1", "cobol")
 
 
 # ---------------------------------------------------------------------------

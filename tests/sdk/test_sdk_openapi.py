@@ -63,7 +63,10 @@ def test_sdk_requests_match_the_openapi_schema(client):  # type: ignore[no-untyp
         sandbox.set_timeout(400)
         sandbox.get_url(8000)
         sandbox.commands.run("cat", ["-"], cwd=".", env={"B": "2"}, stdin="x", timeout_s=10)
-        sandbox.run_code("print(1)", language="python", stdin="", timeout_s=10)
+        sandbox.run_code(
+            "print(1)", language="python", stdin="", timeout_s=10, compile_timeout_s=10
+        )
+        sandbox.languages()
         sandbox.files.write("f.txt", b"data")
         sandbox.files.write("g.txt", io.BytesIO(b"data"), on_progress=lambda d, t: None)
         sandbox.files.read("f.txt")

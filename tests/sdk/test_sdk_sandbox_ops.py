@@ -59,6 +59,19 @@ def test_run_code(sbx):  # type: ignore[no-untyped-def]
     seen: list[str] = []
     assert sbx.run_code("print('streamed')", on_stdout=seen.append).exit_code == 0
     assert "".join(seen) == "streamed\n"
+    languages = {language.name: language for language in sbx.languages()}
+    assert {"python", "node", "bash"} <= set(languages) and not languages["python"].compiled
+    if "c" in languages:  # the local default on a host with gcc; docker's image has none
+        hello = sbx.run_code('#include <stdio.h>\nint main(void){ puts("hi"); }\n')
+        assert (hello.stdout, hello.language, hello.compile.exit_code) == ("hi\n", "c", 0)
+        broken = sbx.run_code("int main(void){ return nope; }", language="c")
+        assert broken.compile.exit_code != 0 and "nope" in broken.stderr
+        streamed_out: list[str] = []
+        c_code = '#include <stdio.h>\nint main(void){ puts("live"); }\n'
+        assert sbx.run_code(c_code, on_stdout=streamed_out.append).stdout == "live\n"
+    else:
+        with pytest.raises(InvalidRequestError):
+            sbx.run_code("int main(void){ return 0; }", language="c")
 
 
 def test_binary_command_output_survives(sbx):  # type: ignore[no-untyped-def]

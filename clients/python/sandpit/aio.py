@@ -25,6 +25,7 @@ from .models import (
     CommandResult,
     FileEntry,
     FileEvent,
+    Language,
     ProcessInfo,
     ProviderInfo,
     RunResult,
@@ -326,6 +327,11 @@ class AsyncSandbox:
         response = await self._request("POST", "/fork")
         return AsyncSandbox(self.client, SandboxInfo.from_json(response.json()))
 
+    async def languages(self) -> list[Language]:
+        """The languages this sandbox runs (its template's): what run_code's `language` takes."""
+        response = await self._request("GET", "/languages")
+        return [Language.from_json(entry) for entry in response.json()["results"]]
+
     async def run_code(
         self,
         code: str,
@@ -333,9 +339,11 @@ class AsyncSandbox:
         language: str | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        compile_timeout_s: float | None = None,
         on_stdout: c.OutputCallback | None = None,
         on_stderr: c.OutputCallback | None = None,
     ) -> CommandResult:
+        """See Sandbox.run_code."""
         if on_stdout or on_stderr:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             handle = await self.commands._stream(message, stdin, on_stdout, on_stderr, False)
@@ -347,7 +355,9 @@ class AsyncSandbox:
             body["stdin"] = stdin
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
-        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
+        if compile_timeout_s is not None:
+            body["compile_timeout_s"] = compile_timeout_s
+        wait = (timeout_s or 300) + (compile_timeout_s or 30) + c.HTTP_MARGIN_S
         response = await self._request("POST", "/code", json=body, timeout_s=wait)
         return CommandResult.from_json(response.json())
 

@@ -277,13 +277,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-LANGUAGES = {".py": "python", ".js": "node", ".mjs": "node", ".sh": "bash"}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.file)
     code = path.read_text()
-    language = args.language or LANGUAGES.get(path.suffix)
+    # The server knows every language by its file extensions too (py, rs, java, ...).
+    language = args.language or path.suffix.lstrip(".").lower() or None
     stdin = Path(args.stdin).read_text() if args.stdin else None
     limits = {"timeout_s": args.timeout_s} if args.timeout_s else None
     with _client(args) as client:
@@ -535,7 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="one-shot judge: run a file in a fresh sandbox, print the verdict"
     )
     run.add_argument("file")
-    run.add_argument("--language", help="python, node or bash (default: from the extension)")
+    run.add_argument(
+        "--language", help="python, node, c, go, rust, java, ... (default: from the extension)"
+    )
     run.add_argument("--stdin", metavar="FILE", help="a file fed to the program's stdin")
     run.add_argument("--timeout-s", type=float)
     run.add_argument("--json", action="store_true")

@@ -15,6 +15,7 @@ from .models import (
     CommandResult,
     FileEntry,
     FileEvent,
+    Language,
     ProcessInfo,
     ProviderInfo,
     RunResult,
@@ -116,7 +117,8 @@ class Sandpit:
         provider: str | None = None,
     ) -> RunResult:
         """The one-shot judge: an ephemeral sandbox runs `code` or `command` and is destroyed.
-        `limits`: timeout_s, memory_mb, pids."""
+        `limits`: timeout_s (the run), compile_timeout_s (a compiled language's compile step),
+        memory_mb, pids. A compile failure is the 'compile_error' verdict."""
         body: dict[str, Any] = {}
         for key, value in (
             ("code", code),
@@ -330,6 +332,11 @@ class Sandbox:
         data = self.client.http.request("POST", self.path("/fork")).json()
         return Sandbox(self.client, SandboxInfo.from_json(data))
 
+    def languages(self) -> list[Language]:
+        """The languages this sandbox runs (its template's): what run_code's `language` takes."""
+        data = self.client.http.request("GET", self.path("/languages")).json()
+        return [Language.from_json(entry) for entry in data["results"]]
+
     def run_code(
         self,
         code: str,
@@ -337,10 +344,14 @@ class Sandbox:
         language: str | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        compile_timeout_s: float | None = None,
         on_stdout: c.OutputCallback | None = None,
         on_stderr: c.OutputCallback | None = None,
     ) -> CommandResult:
-        """Run a snippet (python, node, bash; detected when `language` is None)."""
+        """Run a snippet in one of the sandbox's languages (see languages(); detected when
+        `language` is None). Compiled languages compile first, within `compile_timeout_s`
+        (default 30); `timeout_s` limits the run. Streamed (with a callback): the compiler's
+        messages arrive on stderr."""
         if on_stdout or on_stderr:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             return self.commands._stream(message, stdin, on_stdout, on_stderr, False).wait()
@@ -351,7 +362,9 @@ class Sandbox:
             body["stdin"] = stdin
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
-        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
+        if compile_timeout_s is not None:
+            body["compile_timeout_s"] = compile_timeout_s
+        wait = (timeout_s or 300) + (compile_timeout_s or 30) + c.HTTP_MARGIN_S
         data = self.client.http.request("POST", self.path("/code"), json=body, timeout_s=wait)
         return CommandResult.from_json(data.json())
 

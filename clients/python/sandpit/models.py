@@ -123,6 +123,53 @@ class SandboxStats:
 
 
 @dataclass(frozen=True)
+class CompileStep:
+    """The compile step of a compiled language (C, C++, Go, Rust, Java, TypeScript via tsc)."""
+
+    stdout: str
+    stderr: str
+    """The compiler's messages (each stream at most 64 KiB)."""
+    exit_code: int
+    duration_ms: float
+    timed_out: bool = False
+    """The compile ran out of its own time limit (compile_timeout_s)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> CompileStep | None:
+        if not data:
+            return None
+        return cls(
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            exit_code=int(data.get("exit_code", -1)),
+            duration_ms=float(data.get("duration_ms", 0)),
+            timed_out=bool(data.get("timed_out")),
+        )
+
+
+@dataclass(frozen=True)
+class Language:
+    """A language a sandbox runs (Sandbox.languages())."""
+
+    name: str
+    """What `language` takes: python, node, typescript, bash, c, cpp, go, rust, java, ..."""
+    label: str
+    compiled: bool
+    extensions: tuple[str, ...]
+    aliases: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Language:
+        return cls(
+            name=data["name"],
+            label=data.get("label", data["name"]),
+            compiled=bool(data.get("compiled")),
+            extensions=tuple(data.get("extensions", ())),
+            aliases=tuple(data.get("aliases", ())),
+        )
+
+
+@dataclass(frozen=True)
 class CommandResult:
     """A finished command or code run."""
 
@@ -140,6 +187,9 @@ class CommandResult:
     """Killed through the SDK (handle.kill())."""
     language: str | None = None
     """For run_code: the language it ran as."""
+    compile: CompileStep | None = None
+    """For run_code of a compiled language: its compile step. When it failed, the result's
+    stdout, stderr and exit_code are the compiler's and nothing ran."""
     pid: int | None = None
     """For streamed runs: the process id inside the sandbox."""
     stdout_bytes: bytes | None = None
@@ -170,6 +220,7 @@ class CommandResult:
             timed_out=bool(data.get("timed_out")),
             truncated=bool(data.get("truncated")),
             language=data.get("language"),
+            compile=CompileStep.from_json(data.get("compile")),
         )
 
 
@@ -178,12 +229,15 @@ class RunResult:
     """A one-shot judge run (POST /api/v1/run)."""
 
     verdict: str
-    """'ok', 'runtime_error', 'timeout', 'memory_limit' or 'output_limit'."""
+    """'ok', 'compile_error', 'runtime_error', 'timeout', 'memory_limit' or 'output_limit'."""
     stdout: str
     stderr: str
     exit_code: int
     duration_ms: float
     language: str | None = None
+    compile: CompileStep | None = None
+    """The compile step of a compiled language (its output is the result's on
+    'compile_error')."""
     cpu_time_ms: float | None = None
     peak_memory_bytes: int | None = None
     timed_out: bool = False
@@ -198,6 +252,7 @@ class RunResult:
             exit_code=int(data.get("exit_code", -1)),
             duration_ms=float(data.get("duration_ms", 0)),
             language=data.get("language"),
+            compile=CompileStep.from_json(data.get("compile")),
             cpu_time_ms=data.get("cpu_time_ms"),
             peak_memory_bytes=data.get("peak_memory_bytes"),
             timed_out=bool(data.get("timed_out")),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from types import ModuleType
 
+from sandboxes.languages import inline_runners
 from sandboxes.providers.base import (
     CapabilityNotSupported,
     ExecRequest,
@@ -113,11 +114,7 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
-LANGUAGE_ARGV = {
-    "python": ["python3", "-c"],
-    "node": ["node", "-e"],
-    "bash": ["bash", "-c"],
-}
+LANGUAGE_ARGV = {name: inline for name, (inline, _, _) in inline_runners().items()}
 
 
 def code_request(code: str, language: str, timeout_s: float, stdin: bytes | None) -> ExecRequest:

@@ -47,6 +47,7 @@ import docker
 import docker.errors
 from docker.types import Ulimit
 
+from sandboxes.languages import inline_runners
 from sandboxes.providers import agent_bundle
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import (
@@ -139,12 +140,8 @@ def _host_pids_limit(pids: int, runtime: str) -> int:
     return pids + _PIDS_HEADROOM
 
 
-_LANGUAGES: dict[str, tuple[list[str], list[str], str]] = {
-    # language -> (argv before inline code, argv before a code file, the file's suffix)
-    "python": (["python3", "-c"], ["python3"], ".py"),
-    "node": (["node", "-e"], ["node"], ".js"),
-    "bash": (["bash", "-c"], ["bash"], ".sh"),
-}
+# language -> (argv before inline code, argv before a code file, the file's suffix)
+_LANGUAGES = inline_runners()
 
 
 @dataclass(frozen=True)
@@ -805,7 +802,7 @@ class DockerProvider(DockerSnapshots):
         timeout_s: float = 30.0,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """language is 'python', 'node' or 'bash'; anything else is InvalidRequest."""
+        """Run `code` inline (sandboxes.languages.inline_runners); others: InvalidRequest."""
         if language not in _LANGUAGES:
             raise InvalidRequest(
                 f"Unsupported language {language!r}; expected one of {', '.join(_LANGUAGES)}."

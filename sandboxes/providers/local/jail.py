@@ -62,6 +62,12 @@ _ETC_FILES = (
     "mailcap",
     "debian_version",
     "os-release",
+    # Debian's JDKs keep their security and logging configuration here (the JVM refuses to
+    # start without java.security), so the host's Java runs in a jail.
+    "java-11-openjdk",
+    "java-17-openjdk",
+    "java-21-openjdk",
+    "java-25-openjdk",
 )
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # What Docker/runc mask by default: kernel memory, keys, timers and debug views. Files get

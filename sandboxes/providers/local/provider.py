@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
 
+from sandboxes.languages import inline_runners
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import (
     AgentExecStream,
@@ -73,11 +74,7 @@ from sandboxes.providers.local.watch import WorkspaceWatch
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _INLINE_CODE_BYTES = 100_000
-_RUNNERS = {
-    "python": (["python3", "-u", "-c"], ["python3", "-u"], ".py"),
-    "node": (["node", "-e"], ["node"], ".js"),
-    "bash": (["bash", "-c"], ["bash"], ".sh"),
-}
+_RUNNERS = inline_runners()
 CREATE_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 10.0
 
@@ -743,7 +740,7 @@ class LocalProvider(LocalSnapshots):
         timeout_s: float = 30.0,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """Run `code` with python3, node or bash; unknown languages raise InvalidRequest."""
+        """Run `code` inline (sandboxes.languages.inline_runners); others: InvalidRequest."""
         runner = _RUNNERS.get(language)
         if runner is None:
             raise InvalidRequest(f"unsupported language {language!r}")
