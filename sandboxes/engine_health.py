@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db.models import Q
 from django.utils import timezone
 
 from playground import metrics
@@ -52,18 +53,19 @@ def _down_key(engine: str) -> str:
     return f"docker-engine-down:{settings.SANDPIT_INSTALLATION}:{engine}"
 
 
-def sandboxes_mark_lost(engine: str, detail: str) -> list[str]:
+def sandboxes_mark_lost(engine: str, detail: str, *, first: bool = False) -> list[str]:
     """Move every running or paused docker sandbox on `engine` to error, with a message
     naming the engine, and tell its sockets. Idempotent (a conditional transition each).
-    Returns the ids marked."""
+    `first`: the first engine listed, which also runs the rows made before rows recorded
+    their engine (engine ''). Returns the ids marked."""
     message = (
         f"Lost: the Docker engine '{engine}' running this sandbox stopped answering "
         f"({detail}). Its files and processes are gone from Sandpit's reach; create a new sandbox."
     )
     marked: list[str] = []
     rows = Sandbox.objects.filter(
+        Q(engine=engine) | Q(engine="") if first else Q(engine=engine),
         provider="docker",
-        engine=engine,
         state__in=(SandboxState.RUNNING, SandboxState.PAUSED),
     )
     for sandbox in rows:
@@ -105,7 +107,9 @@ def engines_check() -> EngineCheckReport:
         cache.add(key, now, timeout=None)
         since = float(cache.get(key) or now)
         if now - since >= lost_after_s:
-            report.lost += sandboxes_mark_lost(status.name, status.detail)
+            report.lost += sandboxes_mark_lost(
+                status.name, status.detail, first=status.name == engines.first
+            )
         else:
             logger.warning(
                 "docker engine %s is not answering (%.0f s of %.0f s before its sandboxes "

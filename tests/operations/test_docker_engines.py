@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,14 @@ from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization
 from playground.errors import ApplicationError
 from playground.metrics import render_metrics
 from sandboxes.caller import Caller
-from sandboxes.engine_health import engines_check
+from sandboxes.engine_health import engines_check, sandboxes_mark_lost
 from sandboxes.engines import engine_label_required
 from sandboxes.events import sandbox_events_group
 from sandboxes.models import Sandbox, SandboxState
@@ -134,6 +136,43 @@ def test_required_labels_come_from_the_setting(settings, org_a) -> None:  # type
     assert engine_label_required(org_a, "cuda") == "big"  # the template's need wins
     other = Organization(name="x", slug="x")
     assert engine_label_required(other, "default") == ""
+
+
+@pytest.mark.django_db
+def test_lost_engine_marks_only_its_own_rows(org_a) -> None:  # type: ignore[no-untyped-def]
+    """Rows made before rows recorded their engine (engine '') run on the first engine."""
+    rows = {
+        name: Sandbox.objects.create(
+            organization=org_a,
+            provider=provider,
+            engine=engine,
+            state=state,
+            timeout_s=60,
+            expires_at=timezone.now() + timedelta(hours=1),
+        )
+        for name, provider, engine, state in [
+            ("on_b", "docker", "b", SandboxState.RUNNING),
+            ("paused_on_b", "docker", "b", SandboxState.PAUSED),
+            ("stopped_on_b", "docker", "b", SandboxState.STOPPED),
+            ("on_a", "docker", "a", SandboxState.RUNNING),
+            ("legacy", "docker", "", SandboxState.RUNNING),
+            ("local", "local", "", SandboxState.RUNNING),
+        ]
+    }
+    assert sorted(sandboxes_mark_lost("b", "gone")) == sorted(
+        [rows["on_b"].id, rows["paused_on_b"].id]
+    )
+    assert sandboxes_mark_lost("b", "gone") == []  # idempotent
+    assert set(sandboxes_mark_lost("a", "gone", first=True)) == {rows["on_a"].id, rows["legacy"].id}
+    states = {name: Sandbox.objects.get(pk=row.pk).state for name, row in rows.items()}
+    assert states == {
+        "on_b": SandboxState.ERROR,
+        "paused_on_b": SandboxState.ERROR,
+        "stopped_on_b": SandboxState.STOPPED,
+        "on_a": SandboxState.ERROR,
+        "legacy": SandboxState.ERROR,
+        "local": SandboxState.RUNNING,
+    }
 
 
 # --- two real engines -------------------------------------------------------------------------------
