@@ -69,17 +69,22 @@ def create_org_and_key(env: dict[str, str], slug: str = "bench") -> str:
 
 
 @contextmanager
-def daphne(env: dict[str, str], app: str = "playground.asgi:application"):
+def daphne(env: dict[str, str], app: str = "playground.asgi:application", processes: int = 1):
     """A server on a free port. `app` may name a module under bench/ (e.g. the bench's
-    own `_bench_asgi:application`, which adds a bare endpoint to the product's)."""
+    own `_bench_asgi:application`, which adds a bare endpoint to the product's). With
+    `processes` > 1, the product's launcher runs that many on the port
+    (playground/webprocs.py)."""
     port = free_port()
     env = {
         **env,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), env.get("PYTHONPATH")])),
     }
+    server = [str(Path(PY).parent / "daphne")]
+    if processes > 1:
+        server = [PY, "-m", "playground.webserver", "--processes", str(processes)]
     proc = subprocess.Popen(
         [
-            str(Path(PY).parent / "daphne"),
+            *server,
             "-b",
             "127.0.0.1",
             "-p",

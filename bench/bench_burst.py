@@ -5,7 +5,10 @@ many at once, each beside its raw floor measured in the same run.
   docker: API create -> POST /commands `node -v`   vs  `docker run --rm IMAGE node -v`
 
 Run:  .venv/bin/python bench/bench_burst.py [--provider local|docker] [--sequential 20]
-      [--burst 100]
+      [--burst 100] [--warm-pool N] [--processes N]
+--warm-pool sets SANDPIT_LOCAL_WARM_POOL (per web process; default: the server's default),
+and each measure then starts once the pools are full again; --processes runs that many web
+processes on the port (SANDPIT_WEB_PROCESSES).
 Only the ratios travel between machines (this one's speed drifts); the hosted figures printed
 at the end are other products' published numbers, for context only.
 """
@@ -16,7 +19,9 @@ import argparse
 import asyncio
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 from _server import bench_env, create_org_and_key, daphne, ensure_database, percentile
@@ -70,7 +75,27 @@ def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), percentile(samples, 95)
 
 
-async def measure(port: int, key: str, args: argparse.Namespace) -> list[tuple[str, ...]]:
+def _warm_ready(root: Path) -> int:
+    return sum(1 for d in root.glob("warm-*") if (d / "state.json").exists())
+
+
+async def wait_warm(root: Path | None, want: int) -> None:
+    """Until `want` warm jails are ready under `root` (each has written its state), or 120 s."""
+    if root is None or want <= 0:
+        return
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(_warm_ready, root) >= want:
+            await asyncio.sleep(0.5)  # the last one's agent answers shortly after
+            return
+        await asyncio.sleep(0.2)
+    print(f"warning: warm pools not full after 120 s (wanted {want})")
+
+
+async def measure(
+    port: int, key: str, args: argparse.Namespace, root: Path | None = None
+) -> list[tuple[str, ...]]:
+    want = (args.warm_pool or 0) * args.processes
     rows: list[tuple[str, ...]] = []
     limits = httpx.Limits(max_connections=args.burst + 10, max_keepalive_connections=args.burst)
     async with httpx.AsyncClient(
@@ -87,6 +112,7 @@ async def measure(port: int, key: str, args: argparse.Namespace) -> list[tuple[s
         await destroy_all(client, created)
 
         # One after another, product and floor interleaved.
+        await wait_warm(root, want)
         product: list[float] = []
         floor: list[float] = []
         for _ in range(args.sequential):
@@ -96,6 +122,7 @@ async def measure(port: int, key: str, args: argparse.Namespace) -> list[tuple[s
         rows.append(("one after another", *_row(product, floor)))
 
         # Many at once: the floor burst, then the product burst.
+        await wait_warm(root, want)
         floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
         results = await asyncio.gather(
             *(product_once(client, args.provider, created) for _ in range(args.burst)),
@@ -123,20 +150,34 @@ def main() -> None:
     parser.add_argument("--provider", choices=["local", "docker"], default="local")
     parser.add_argument("--sequential", type=int, default=20)
     parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--warm-pool", type=int, default=None)
+    parser.add_argument("--processes", type=int, default=1)
     args = parser.parse_args()
-    env = bench_env(
-        {
-            "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
-            "SANDPIT_DOCKER_IMAGE": IMAGE,
-            "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
-        }
-    )
+    extra = {
+        "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
+        "SANDPIT_DOCKER_IMAGE": IMAGE,
+        "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
+    }
+    root = None
+    if args.warm_pool is not None:
+        # A jail root of its own, passable by jail uids, to see when the pools are full.
+        base = Path(tempfile.gettempdir()) / "sandpit-bench-jails"
+        base.mkdir(exist_ok=True)
+        os.chmod(base, 0o711)  # noqa: S103
+        root = Path(tempfile.mkdtemp(prefix="burst-", dir=base))
+        os.chmod(root, 0o711)  # noqa: S103
+        extra |= {"SANDPIT_LOCAL_WARM_POOL": str(args.warm_pool), "SANDPIT_LOCAL_ROOT": str(root)}
+    env = bench_env(extra)
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-burst")
-    with daphne(env) as port:
-        rows = asyncio.run(measure(port, key, args))
+    with daphne(env, processes=args.processes) as port:
+        rows = asyncio.run(measure(port, key, args, root))
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
-    print(f"\n{args.provider}: create -> first `node -v` (ms), floor = raw `{floor_name}`")
+    pool = "server default" if args.warm_pool is None else str(args.warm_pool)
+    print(
+        f"\n{args.provider}: create -> first `node -v` (ms), floor = raw `{floor_name}`; "
+        f"warm pool {pool} per process, {args.processes} web process(es)"
+    )
     header = ("measure", "p50", "p95", "floor p50", "floor p95", "p50 ratio")
     print(" | ".join(header))
     for row in rows:

@@ -136,8 +136,8 @@ class SandpitCommandLineInterface(CommandLineInterface):
             "--processes",
             type=int,
             default=None,
-            help="web server processes sharing the -b/-p address (SO_REUSEPORT); "
-            "default SANDPIT_WEB_PROCESSES",
+            help="web server processes sharing the -b/-p address (SO_REUSEPORT), 0 for one "
+            "per core; default SANDPIT_WEB_PROCESSES",
         )
 
     def run(self, args: list[str]) -> Any:
@@ -148,6 +148,8 @@ class SandpitCommandLineInterface(CommandLineInterface):
             from django.conf import settings
 
             processes = int(settings.SANDPIT_WEB_PROCESSES)
+        if processes == 0:  # one per core
+            processes = len(os.sched_getaffinity(0))
         if processes <= 1:
             return super().run(args)
         if (

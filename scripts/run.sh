@@ -19,7 +19,8 @@ trap cleanup EXIT INT TERM
 pids+=($!)
 .venv/bin/celery -A playground beat --loglevel=INFO --schedule "$VAR_DIR/celerybeat-schedule" &
 pids+=($!)
-# playground.webserver is daphne with a ceiling on request bodies.
+# playground.webserver is daphne with a ceiling on request bodies; SANDPIT_WEB_PROCESSES > 1
+# runs several on the port (needs REDIS_URL; playground/webprocs.py).
 .venv/bin/python -m playground.webserver -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
 pids+=($!)
 url_host=${SANDPIT_BIND:-127.0.0.1}
