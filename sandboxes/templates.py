@@ -647,6 +647,8 @@ def templates_builtin_build(
                 )
                 fields.update(outcome.row_fields(log))
                 fields["build_seconds"] = time.monotonic() - started
+                if not outcome.error:
+                    _builtin_prune(name)
         if not record:
             out.append(Template(organization=None, name=name, **fields))
             continue
@@ -655,6 +657,32 @@ def templates_builtin_build(
         )
         out.append(template)
     return out
+
+
+KEEP_BUILTIN_BUILDS = 3
+"""Built-ins of older trees kept per name: other checkouts on the machine may test theirs."""
+
+
+def _builtin_prune(name: str) -> None:
+    """Remove all but the newest KEEP_BUILTIN_BUILDS builds of a built-in (image and root
+    file system) and of its packages stage; one still in use stays (and is logged)."""
+    for repository, prefix, root in (
+        (IMAGE_REPOSITORY, f"builtin-{name}-", Path(settings.SANDPIT_TEMPLATE_ROOT)),
+        (f"{IMAGE_REPOSITORY}-packages", f"{name}-", None),
+    ):
+        tags = [
+            tag
+            for tag in images.image_tags(settings.DOCKER_HOST, repository)
+            if tag.split(":", 1)[1].startswith(prefix)
+        ]
+        for tag in tags[KEEP_BUILTIN_BUILDS:]:
+            try:
+                images.image_remove(settings.DOCKER_HOST, tag)
+            except ProviderError as exc:
+                logger.warning("old built-in template kept: %s", exc.message)
+                continue
+            if root is not None:
+                template_artifacts_remove(image="", rootfs=str(root / tag.split(":", 1)[1]))
 
 
 def _artifacts_ready(tag: str, root: Path) -> bool:

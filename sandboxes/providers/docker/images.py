@@ -190,3 +190,15 @@ def image_size(base_url: str, reference: str) -> int:
         return 0
     except docker.errors.DockerException as exc:
         raise ProviderUnavailable(f"The Docker engine is not reachable: {exc}") from exc
+
+
+def image_tags(base_url: str, repository: str) -> list[str]:
+    """The `repository:tag` names of the engine's images in `repository`, newest first."""
+    try:
+        rows = _client(base_url).images(name=repository)
+    except docker.errors.DockerException as exc:
+        raise ProviderUnavailable(f"The Docker engine is not reachable: {exc}") from exc
+    rows.sort(key=lambda row: int(row.get("Created") or 0), reverse=True)
+    return [
+        tag for row in rows for tag in row.get("RepoTags") or () if tag.startswith(f"{repository}:")
+    ]
