@@ -18,7 +18,7 @@ container id (so a one-engine installation's ids are what they always were, and 
 engines after it keeps existing rows valid: keep the first engine first); on any other
 engine `<name>:<container id>`. Every operation on a sandbox goes to its engine.
 
-An engine that does not answer (a failed ping, or a failed call followed by a failed ping)
+An engine that does not answer (a failed probe, or a failed call followed by a failed probe)
 is skipped by placement and fails calls at once for `DOWN_RETRY_S`, then is tried again.
 Marking its sandboxes lost is Sandpit's (sandboxes/engines.py), not the provider's.
 
@@ -151,7 +151,7 @@ class DockerEngines(RoutedOperations):
             return getattr(self.providers[engine], method)(cid, *args, **kwargs)
         except ProviderUnavailable:
             # Also raised for reasons of the sandbox's own (an outdated agent): only an
-            # engine that then fails a ping is marked down.
+            # engine that then fails a probe is marked down.
             self._probe(engine)
             raise
 
@@ -204,7 +204,7 @@ class DockerEngines(RoutedOperations):
             raise ProviderUnavailable(f"The Docker engine '{engine}' is not answering: {down[1]}")
 
     def _probe(self, engine: str, force: bool = False) -> EngineStatus:
-        """Ping and list one engine (its memory and runtimes once): its status now. Without
+        """List one engine's running sandboxes (its memory and runtimes once): its status now. Without
         `force`, an engine that did not answer less than DOWN_RETRY_S ago is not asked."""
         config = self.engines[engine]
         labels = tuple(sorted(config.labels))
@@ -224,7 +224,7 @@ class DockerEngines(RoutedOperations):
         try:
             client = self._client(engine)
             with translate():
-                client.ping()
+                # No ping first: the list below answers only when the engine does.
                 if engine not in self._info:
                     info = client.info()
                     runtimes = tuple(sorted(info.get("Runtimes") or {}))
