@@ -77,6 +77,9 @@ start() {
     if [ -n "$image" ] && ! docker -H "$url" image inspect "$image" >/dev/null 2>&1; then
         say "loading $image from the machine's engine"
         docker save "$image" | docker -H "$url" load -q >/dev/null
+        # Earlier builds of the same repository are not needed here any more.
+        docker -H "$url" images --format '{{.Repository}}:{{.Tag}}' "${image%%:*}" \
+            | grep -vxF "$image" | xargs -r docker -H "$url" rmi >/dev/null 2>&1 || true
     fi
     echo "$url"
 }
