@@ -71,31 +71,37 @@ def resolve_language(code: str, language: str | None) -> str:
     return found.name
 
 
-def _environment(sandbox: Sandbox) -> tuple[str, str, str]:
-    return (sandbox.provider, sandbox.engine or "", sandbox.template or "default")
-
-
-def _template_languages(sandbox: Sandbox) -> list[str] | None:
-    """The languages recorded for the sandbox's built template; None when it has none."""
+def _template(sandbox: Sandbox) -> Template | None:
+    """The sandbox's built template (its organization's before a built-in of that name);
+    None for the provider's own environment."""
     if not sandbox.template or sandbox.template == "default":
         return None
-    template = (
+    return (
         Template.objects.filter(state=BuildState.READY)
         .filter(Q(id=sandbox.template) | Q(name=sandbox.template))
         .filter(Q(organization_id=sandbox.organization_id) | Q(organization__isnull=True))
         .order_by("organization_id")  # the organization's own before a built-in one
         .first()
     )
-    if template is None or not template.languages:
-        return None
-    return [name for name in template.languages if name in table.BY_NAME]
 
 
-def sandbox_binaries(sandbox: Sandbox) -> frozenset[str]:
+def _environment(sandbox: Sandbox, template: Template | None) -> tuple[str, str, str]:
+    """What the probe is cached by: the provider and engine, and the template's identity
+    (its id and build time: two organizations' templates may share a name, and a name may
+    be built again), or the template name the provider interprets itself."""
+    if template is not None:
+        built = template.built_at.isoformat() if template.built_at else ""
+        identity = f"{template.pk}@{built}"
+    else:
+        identity = sandbox.template or "default"
+    return (sandbox.provider, sandbox.engine or "", identity)
+
+
+def sandbox_binaries(sandbox: Sandbox, template: Template | None = None) -> frozenset[str]:
     """The table's binaries present in the sandbox's environment: probed by one exec the
     first time an environment is seen by this process. Raises Conflict when the sandbox is
     not running and the environment was never probed."""
-    key = _environment(sandbox)
+    key = _environment(sandbox, template if template is not None else _template(sandbox))
     found = _probed.get(key)
     if found is not None:
         return found
@@ -120,10 +126,10 @@ def sandbox_binaries(sandbox: Sandbox) -> frozenset[str]:
 def sandbox_language_names(sandbox: Sandbox) -> list[str]:
     """The languages the sandbox can run, in table order (its template's list when the
     template recorded one, else the probe's)."""
-    recorded = _template_languages(sandbox)
-    if recorded is not None:
-        return recorded
-    return table.languages_in(sandbox_binaries(sandbox).__contains__)
+    template = _template(sandbox)
+    if template is not None and template.languages:
+        return [name for name in template.languages if name in table.BY_NAME]
+    return table.languages_in(sandbox_binaries(sandbox, template).__contains__)
 
 
 def sandbox_languages(*, sandbox: Sandbox) -> list[LanguageInfo]:

@@ -332,3 +332,28 @@ def local_box_binaries() -> frozenset[str]:
     """What the host's /usr (the local default jail) holds of the table."""
     has = table.rootfs_has_binary("/")
     return frozenset(b for b in table.ALL_BINARIES if b != table.NODE_22 and has(b))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_template_sandbox_offers_its_templates_languages(api_a, local_sandboxes):  # type: ignore[no-untyped-def]
+    from sandboxes.templates import templates_builtin_build
+
+    template = templates_builtin_build(["polyglot"])[0]  # cached: seconds when built
+    if not template.rootfs:
+        missing_part(f"the polyglot template is not built: {template.error_message}")
+    created = api_a.post("/api/v1/sandboxes", {"template": "polyglot"}, format="json")
+    assert created.status_code == 201, created.content
+    sandbox = created.json()
+    listed = api_a.get(url(sandbox, "/languages")).json()["results"]
+    assert [entry["name"] for entry in listed] == template.languages
+    assert {"go", "rust", "typescript"} <= set(template.languages)
+    rust = api_a.post(
+        url(sandbox, "/code"),
+        {"code": table.BY_NAME["rust"].sample, "language": "rs"},
+        format="json",
+    ).json()
+    assert (rust["language"], rust["stdout"], rust["compile_failed"]) == (
+        "rust",
+        "Hello, world!\n",
+        False,
+    )
