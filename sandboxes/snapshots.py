@@ -36,6 +36,7 @@ from accounts.models import Organization
 from playground.errors import Conflict, NotFound, QuotaExceeded
 
 from .caller import Caller, metered
+from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
 from .models import Sandbox, SandboxState, Snapshot, SnapshotState
 from .providers import get_provider
@@ -60,6 +61,7 @@ from .services import (
     sandbox_transition,
 )
 from .snapshot_store import ARCHIVE, FORK, MANUAL, snapshot_path
+from .templates import template_for_sandbox
 from .terminal_registry import terminals_close_for_sandbox
 
 logger = logging.getLogger(__name__)
@@ -304,6 +306,11 @@ def _unarchive(sandbox: Sandbox) -> None:
         )
     provider = get_provider(sandbox.provider)
     require_capability(provider, Capability.SNAPSHOT)
+    # Its template's environment again (400/409 when the template went meanwhile).
+    launch = template_for_sandbox(
+        organization=organization, name=sandbox.template, provider_name=provider.name
+    )
+    docker = provider.name == "docker"
     known = set(Resources.__dataclass_fields__)
     resources = {k: v for k, v in (sandbox.resources or {}).items() if k in known}
     spec = SandboxSpec(
@@ -313,8 +320,13 @@ def _unarchive(sandbox: Sandbox) -> None:
         lifetime_s=settings.SANDPIT_MAX_LIFETIME_S,
         network=sandbox.network,
         resources=Resources(**resources),
-        labels={"sandpit.org": str(organization.pk)},
-        runtime=organization.docker_runtime if provider.name == "docker" else "",
+        labels={
+            "sandpit.org": str(organization.pk),
+            **(engine_spec_labels(organization, sandbox.template) if docker else {}),
+        },
+        runtime=organization.docker_runtime if docker else "",
+        image=launch.image if launch else "",
+        rootfs=launch.rootfs if launch else "",
         restore_from=archive.location,
     )
     handle = provider.create(spec)
@@ -324,6 +336,7 @@ def _unarchive(sandbox: Sandbox) -> None:
         SandboxState.RUNNING,
         where={"state": SandboxState.ARCHIVED},
         provider_id=handle.provider_id,
+        engine=handle_engine(handle),
         started_at=now,
         stopped_at=None,
         paused_at=None,

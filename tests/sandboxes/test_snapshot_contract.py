@@ -18,6 +18,7 @@ import pytest
 
 from sandboxes.providers.base import (
     ExecRequest,
+    FileNotFound,
     Resources,
     SandboxSpec,
     SnapshotProvider,
@@ -56,7 +57,10 @@ def _sh(provider: SnapshotProvider, sandbox: str, command: str) -> str:
 
 
 def _count(provider: SnapshotProvider, sandbox: str) -> int:
-    text = provider.read_file(sandbox, "/tmp/count").decode().strip()
+    try:
+        text = provider.read_file(sandbox, "/tmp/count").decode().strip()
+    except FileNotFound:  # the counter has not started yet
+        return 0
     return int(text) if text else 0
 
 

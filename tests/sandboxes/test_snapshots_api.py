@@ -18,6 +18,7 @@ import pytest
 from accounts.models import Organization
 from sandboxes.models import Sandbox, Snapshot
 from sandboxes.operations import reap_sandboxes
+from sandboxes.providers.base import FileNotFound
 from tests.conftest import assert_error
 from tests.sandboxes.test_provider_contract import wait_for
 
@@ -106,7 +107,10 @@ def test_pause_freezes_and_resume_continues(api_a, sandbox_a, local_sandboxes): 
     )
 
     def count() -> int:  # host-side: needs no process of the sandbox
-        text = local_sandboxes.read_file(sid, "/tmp/count").strip()
+        try:
+            text = local_sandboxes.read_file(sid, "/tmp/count").strip()
+        except FileNotFound:  # the counter has not started yet
+            return 0
         return int(text) if text else 0
 
     wait_for(lambda: count() > 3)
@@ -245,4 +249,46 @@ def test_deleting_the_organization_removes_its_snapshot_files(  # type: ignore[n
     assert _post(api_a, f"/api/v1/sandboxes/{sandbox_a['id']}/snapshots").status_code == 201
     assert len(_archives(snapshot_dir)) == 1
     Organization.objects.filter(pk=org_a.pk).delete()
+    assert _archives(snapshot_dir) == []
+
+
+@pytest.fixture
+def docker_api(settings):  # type: ignore[no-untyped-def]
+    """local and docker enabled (docker from the test image); docker sandboxes destroyed after."""
+    from sandboxes.providers import get_provider, reset_providers
+    from tests.docker_support import TEST_INSTALLATION, docker_provider_or_skip
+
+    docker_provider_or_skip()
+    settings.SANDPIT_PROVIDERS = ["local", "docker"]
+    settings.SANDPIT_DEFAULT_PROVIDER = "local"
+    settings.SANDPIT_INSTALLATION = TEST_INSTALLATION
+    settings.SANDPIT_DOCKER_POOL_SIZE = 0
+    reset_providers()
+    yield
+    provider = get_provider("docker")
+    for handle in provider.list_sandboxes():
+        if handle.labels.get("sandpit.org"):
+            provider.destroy(handle.provider_id)
+    reset_providers()
+
+
+@pytest.mark.docker
+def test_docker_fork_archive_and_resume(api_a, docker_api, settings, snapshot_dir):  # type: ignore[no-untyped-def]
+    created = _post(api_a, "/api/v1/sandboxes", {"provider": "docker"})
+    assert created.status_code == 201, created.content
+    sid = created.json()["id"]
+    _write(api_a, sid, "work.txt", b"on docker")
+    forked = _post(api_a, f"/api/v1/sandboxes/{sid}/fork")
+    assert forked.status_code == 201, forked.content
+    assert forked.json()["provider"] == "docker"
+    assert _read(api_a, forked.json()["id"], "work.txt") == b"on docker"
+
+    assert _post(api_a, f"/api/v1/sandboxes/{sid}/pause").json()["state"] == "paused"
+    settings.SANDPIT_PAUSED_ARCHIVE_AFTER_S = 0
+    assert reap_sandboxes(sweep_leftovers=False).archived == [sid]
+    assert api_a.get(f"/api/v1/sandboxes/{sid}").json()["state"] == "archived"
+    resumed = _post(api_a, f"/api/v1/sandboxes/{sid}/resume")
+    assert resumed.status_code == 200, resumed.content
+    assert resumed.json()["state"] == "running"
+    assert _read(api_a, sid, "work.txt") == b"on docker"
     assert _archives(snapshot_dir) == []
