@@ -273,6 +273,13 @@ def test_engines_share_the_load_and_survive_one_stopping(
     for sandbox in (on_a[0], on_b[0]):
         result = sandbox_exec(caller=_caller(principal), sandbox=sandbox, command="echo $HOSTNAME")
         assert result.stdout == b"sandbox\n"
+    # Methods DockerProvider gained elsewhere (pause, the agent's socket) reach b too.
+    provider = get_provider("docker")
+    provider.pause(on_b[0].provider_id)
+    assert _inspect(engine_b, on_b[0].provider_id)["State"]["Paused"] is True
+    provider.resume(on_b[0].provider_id)
+    assert _inspect(engine_b, on_b[0].provider_id)["State"]["Paused"] is False
+    provider.agent_socket(on_b[0].provider_id).close()
 
     # An organization that requires a label lands on the engines carrying it.
     django_settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = f"org:{org_a.slug}=gpu"
@@ -371,6 +378,12 @@ def test_sandboxes_go_where_their_image_is_and_not_to_a_draining_engine(engine_b
             fleet.destroy(provider_id)
         subprocess.run(["docker", "rmi", only_a], capture_output=True)
         fleet.close()
+
+
+def _inspect(url: str, provider_id: str) -> dict:  # type: ignore[type-arg]
+    cid = provider_id.partition(":")[2] or provider_id
+    out = subprocess.run(["docker", "-H", url, "inspect", cid], capture_output=True, check=True)
+    return json.loads(out.stdout)[0]
 
 
 def _caller(principal: Principal) -> Caller:
