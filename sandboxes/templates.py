@@ -16,14 +16,17 @@ unless an owner asked for it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import re
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from celery import current_app
@@ -218,6 +221,7 @@ def template_create(
             code="role_required",
         )
     checked = dockerfile_check(dockerfile, resolve_base=_resolver(organization))
+    templates_fail_stale(organization)
     limit = settings.SANDPIT_TEMPLATE_MAX_PER_ORG
     with metered(caller, feature="sandbox", operation="template.build"):
         with transaction.atomic():
@@ -252,6 +256,28 @@ def template_create(
     return template
 
 
+STALE_MARGIN_S = 300
+
+
+def templates_fail_stale(organization: Organization) -> int:
+    """Mark failed the organization's builds still queued or building well past the build
+    timeout: their worker stopped (a killed Celery worker, a restarted web process in thread
+    mode). Otherwise one lost build would block the organization's builds and deletes for
+    good. Returns how many were marked."""
+    cutoff = timezone.now() - timedelta(
+        seconds=settings.SANDPIT_TEMPLATE_BUILD_TIMEOUT_S + STALE_MARGIN_S
+    )
+    return Template.objects.filter(
+        organization=organization,
+        state__in=(BuildState.QUEUED, BuildState.BUILDING),
+        created_at__lt=cutoff,
+    ).update(
+        state=BuildState.FAILED,
+        error_message="The build did not finish: the process running it stopped. Delete the "
+        "template and ask for it again.",
+    )
+
+
 def _header(checked: CheckedDockerfile, network: bool) -> str:
     return (
         f"==> building on {', '.join(checked.bases)}; network "
@@ -267,6 +293,8 @@ def template_delete(*, principal: Principal, template: Template) -> None:
     from it. Not counted (only builds are)."""
     if template.organization_id is None:
         raise Forbidden("Built-in templates cannot be deleted.", code="builtin_template")
+    templates_fail_stale(principal.organization)
+    template.refresh_from_db()
     if template.state == BuildState.BUILDING:
         raise Conflict(
             "The template is building; delete it once the build ends.", code="template_building"
@@ -587,6 +615,66 @@ def _final_key(builtin: Builtin, packages_tag: str, dockerfile: str) -> str:
     return f"builtin-{builtin.name}-{digest}"
 
 
+def _builtin_fields(
+    builtin: Builtin, *, build: bool, on_output: Callable[[str], None] | None
+) -> dict[str, object]:
+    """The row fields of a built-in, built first (with `build`) when its content key is new.
+    One process at a time per built-in (a file lock beside the root file systems): two
+    test runs starting together would otherwise build the same thing into the same place."""
+    name = builtin.name
+    fields: dict[str, object] = {
+        "description": builtin.description,
+        "dockerfile": builtin.dockerfile,
+    }
+    started = time.monotonic()
+    log = _Log(None, echo=on_output)
+    try:
+        packages = _packages_stage(builtin, build=build, echo=on_output)
+    except ProviderError as exc:
+        fields.update(BuildOutcome(error=exc.message).row_fields(log))
+        packages = ""
+    if packages:
+        dockerfile, context = _final_stage(packages)
+        tag, root = _artifact_names(_final_key(builtin, packages, dockerfile))
+        if _artifacts_ready(tag, root):
+            log.write(f"==> {name}: {tag} is up to date\n")
+            fields.update(
+                BuildOutcome(
+                    error="",
+                    image=tag,
+                    rootfs=str(root),
+                    size_bytes=images.image_size(settings.DOCKER_HOST, tag),
+                    languages=tuple(template_languages(root)),
+                ).row_fields(log)
+            )
+        elif build:
+            log.write(f"==> {name}: building {tag}\n")
+            outcome = _run_build(
+                log,
+                checked=CheckedDockerfile(text=dockerfile, bases=(packages,)),
+                tag=tag,
+                root=root,
+                network="none",
+                timeout_s=BUILTIN_BUILD_TIMEOUT_S,
+                max_bytes=None,
+                context=context,
+            )
+            fields.update(outcome.row_fields(log))
+            fields["build_seconds"] = time.monotonic() - started
+            if not outcome.error:
+                _builtin_prune(name)
+    return fields
+
+
+@contextmanager
+def _builtin_lock(name: str) -> Iterator[None]:
+    root = Path(settings.SANDPIT_TEMPLATE_ROOT)
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with open(root / f".builtin-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def templates_builtin_build(
     names: list[str],
     *,
@@ -608,47 +696,8 @@ def templates_builtin_build(
         builtin = BUILTINS.get(name)
         if builtin is None:
             raise ApplicationError(f"No built-in template '{name}' ({', '.join(BUILTINS)}).")
-        fields: dict[str, object] = {
-            "description": builtin.description,
-            "dockerfile": builtin.dockerfile,
-        }
-        started = time.monotonic()
-        log = _Log(None, echo=on_output)
-        try:
-            packages = _packages_stage(builtin, build=build, echo=on_output)
-        except ProviderError as exc:
-            fields.update(BuildOutcome(error=exc.message).row_fields(log))
-            packages = ""
-        if packages:
-            dockerfile, context = _final_stage(packages)
-            tag, root = _artifact_names(_final_key(builtin, packages, dockerfile))
-            if _artifacts_ready(tag, root):
-                log.write(f"==> {name}: {tag} is up to date\n")
-                fields.update(
-                    BuildOutcome(
-                        error="",
-                        image=tag,
-                        rootfs=str(root),
-                        size_bytes=images.image_size(settings.DOCKER_HOST, tag),
-                        languages=tuple(template_languages(root)),
-                    ).row_fields(log)
-                )
-            elif build:
-                log.write(f"==> {name}: building {tag}\n")
-                outcome = _run_build(
-                    log,
-                    checked=CheckedDockerfile(text=dockerfile, bases=(packages,)),
-                    tag=tag,
-                    root=root,
-                    network="none",
-                    timeout_s=BUILTIN_BUILD_TIMEOUT_S,
-                    max_bytes=None,
-                    context=context,
-                )
-                fields.update(outcome.row_fields(log))
-                fields["build_seconds"] = time.monotonic() - started
-                if not outcome.error:
-                    _builtin_prune(name)
+        with _builtin_lock(name):
+            fields = _builtin_fields(builtin, build=build, on_output=on_output)
         if not record:
             out.append(Template(organization=None, name=name, **fields))
             continue

@@ -230,3 +230,23 @@ def test_sandbox_creates_name_templates_strictly(api_a, org_a, local_sandboxes):
     assert not Sandbox.objects.filter(template="wip").exists()
     default = api_a.post("/api/v1/sandboxes", {}, format="json")
     assert default.status_code == 201 and default.json()["template"] == "default"
+
+
+def test_a_build_whose_worker_stopped_fails_instead_of_blocking(api_a, org_a, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.SANDPIT_TEMPLATE_BUILD_TIMEOUT_S = 60
+    lost = Template.objects.create(
+        organization=org_a, name="lost", dockerfile=TINY, state=BuildState.BUILDING
+    )
+    assert_error(api_a.delete(f"/api/v1/templates/{lost.pk}"), 409, "template_building")
+    Template.objects.filter(pk=lost.pk).update(
+        created_at=timezone.now() - timedelta(seconds=60 + 301)
+    )
+    response = api_a.post("/api/v1/templates", {"name": "next", "dockerfile": TINY}, format="json")
+    assert response.status_code == 202, response.content
+    lost.refresh_from_db()
+    assert lost.state == BuildState.FAILED and "stopped" in lost.error_message
+    assert api_a.delete(f"/api/v1/templates/{lost.pk}").status_code == 204
