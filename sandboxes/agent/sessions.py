@@ -209,7 +209,8 @@ class Session:
                 self._replay(client, since)
                 return
             self.joining.append(client)
-        os.write(self.ctrl_w, b"j")
+            # Under the lock: the session closes this pipe only once its result is set.
+            os.write(self.ctrl_w, b"j")
         client.done.wait()
 
     def kill(self) -> None:
@@ -217,7 +218,16 @@ class Session:
             if self.result is not None:
                 return
             self.killed = True
-        os.write(self.ctrl_w, b"k")
+            os.write(self.ctrl_w, b"k")
+
+    def resize_from_request(self, cols: int, rows: int) -> bool:
+        """Resize from a request thread; False once the terminal has ended (its master may
+        be closed, and its number reused, only under the lock once the result is set)."""
+        with self.lock:
+            if self.result is not None:
+                return False
+            self._resize(cols, rows)
+            return True
 
     # -- the session's thread ----------------------------------------------------------
 
@@ -486,6 +496,12 @@ class Session:
             self.result = result
             self.ended_at = time.monotonic()
             joining, self.joining = self.joining, []
+            for fd in (*self.outputs, self.ctrl_r, self.ctrl_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.outputs.clear()
         self._broadcast(frame(b"X", json_dumps(result).encode()))
         for client in [*self.clients.values(), *joining]:
             if client in joining:
@@ -493,12 +509,8 @@ class Session:
             client.done.set()
         self.clients.clear()
         child.wake_w = None
-        for fd in (*self.outputs, self.ctrl_r, self.ctrl_w, self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.outputs.clear()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
         if self.stdin_fd >= 0:
             os.close(self.stdin_fd)
             self.stdin_fd = -1
@@ -565,9 +577,8 @@ def op_session_kill(conn: socket.socket, req: dict) -> None:
 
 def op_session_resize(conn: socket.socket, req: dict) -> None:
     session = _get(req)
-    if session.kind != "pty" or session.result is not None:
+    if session.kind != "pty" or not session.resize_from_request(int(req["cols"]), int(req["rows"])):
         raise AgentError("process_not_found", "the terminal has ended")
-    session._resize(int(req["cols"]), int(req["rows"]))
     send_line(conn, {"ok": True, **session.info()})
 
 

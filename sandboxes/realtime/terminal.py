@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 
 from playground.errors import PaymentRequired
 from sandboxes.services import ProviderError
@@ -63,6 +64,21 @@ class TerminalConsumer(OutboundConsumer):
             self.terminal_exited(terminal.exit_code)
             return
         self.spawn(self._flush_loop())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Channels' AsyncConsumer.__call__ without its multiplexing: this socket has no
+        channel layer, so there is one source of messages, and Channels' await_many_dispatch
+        would still make a task and run an asyncio.wait for every keystroke. Messages are
+        handled one after another, in order, as there. tests/realtime/test_keystroke_dispatch.py
+        fails if a Channels upgrade changes what this replaces."""
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        try:
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
 
     # TerminalClient ---------------------------------------------------------------------------
 

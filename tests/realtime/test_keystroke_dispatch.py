@@ -66,3 +66,44 @@ def test_keystrokes_skip_the_connection_check_and_reach_the_terminal(monkeypatch
 
     asyncio.run(drive())
     assert session.written == [b"ls\r", b"x"]
+
+
+def test_the_consumer_loop_replaces_only_the_multiplexing_of_a_layerless_socket():
+    # TerminalConsumer.__call__ replaces AsyncConsumer.__call__ for a socket without a channel
+    # layer: that one sets the scope and base_send and runs await_many_dispatch over the one
+    # receive callable until StopConsumer. A Channels upgrade that does more there fails here.
+    import channels.consumer
+
+    source = inspect.getsource(AsyncConsumer.__call__)
+    for needed in (
+        "self.scope = scope",
+        "self.base_send = send",
+        "await_many_dispatch([receive], self.dispatch)",
+        "except StopConsumer",
+    ):
+        assert needed in source, needed
+    assert source.count("self.") == 16, "AsyncConsumer.__call__ changed"
+    assert channels.consumer.get_channel_layer(TerminalConsumer.channel_layer_alias) is None
+
+    async def drive() -> list[dict]:
+        seen: list[dict] = []
+        messages = [
+            {"type": "websocket.receive", "bytes": b"a"},
+            {"type": "websocket.receive", "bytes": b"b"},
+        ]
+
+        async def receive() -> dict:
+            if not messages:
+                raise channels.consumer.StopConsumer
+            return messages.pop(0)
+
+        consumer = TerminalConsumer()
+
+        async def dispatch(message: dict) -> None:
+            seen.append(message)
+
+        consumer.dispatch = dispatch  # type: ignore[method-assign]
+        await consumer({"type": "websocket"}, receive, None)
+        return seen
+
+    assert [m["bytes"] for m in asyncio.run(drive())] == [b"a", b"b"]
