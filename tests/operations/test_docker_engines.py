@@ -50,6 +50,7 @@ from sandboxes.providers.docker import DockerProvider
 from sandboxes.providers.docker.engines import DockerEngines, EngineConfig, parse_engines
 from sandboxes.services import sandbox_create, sandbox_destroy, sandbox_exec
 from tests.docker_support import docker_provider_or_skip
+from tests.requirements import missing_part
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "docker-engine.sh"
@@ -190,8 +191,12 @@ def _engine(command: str, *args: str) -> str:
 def engine_b() -> Iterator[str]:
     """The second engine's URL, with the sandbox image; stopped at the end of the session."""
     image = docker_provider_or_skip().image
-    url = _engine("start", image)
-    yield url
+    started = subprocess.run(
+        [str(SCRIPT), "start", ENGINE_B, image], capture_output=True, text=True, timeout=300
+    )
+    if started.returncode != 0:
+        missing_part(f"a second Docker engine (scripts/docker-engine.sh): {started.stderr[-500:]}")
+    yield started.stdout.strip()
     _engine("stop")
 
 
