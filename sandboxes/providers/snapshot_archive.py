@@ -28,12 +28,13 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK = 1024 * 1024
 TAR_CREATE_SCRIPT = (
     "find workspace tmp -mindepth 1 \\( -path tmp/.sandpit -prune \\) -o -print0 | "
-    "/usr/bin/tar --create --file=- --null --no-recursion --files-from=- --numeric-owner "
+    "/usr/bin/tar --create --file=- --null --no-recursion --files-from=- --numeric-owner --sparse "
     "--mode=ug-s --ignore-failed-read --warning=no-file-changed --warning=no-file-ignored"
 )
 """`sh -c` this with the sandbox's root as the working directory: the tar stream on stdout.
 The two roots themselves are not members, so a restore never changes their owner or mode
-(the sandbox cannot chmod /tmp); files the sandbox made unreadable to itself are skipped."""
+(the sandbox cannot chmod /tmp); files the sandbox made unreadable to itself are skipped;
+sparse files stay sparse (a 400 MB hole is neither read nor written back as zeros)."""
 TAR_CREATE_ARGS = ("/bin/sh", "-c", TAR_CREATE_SCRIPT)
 TAR_EXTRACT_ARGS = (
     "/usr/bin/tar",

@@ -171,3 +171,20 @@ def test_snapshot_over_the_byte_budget_leaves_nothing(snap_provider, made, tmp_p
         snap_provider.snapshot(source, str(target), 1_000_000)
     assert not target.exists()
     assert not Path(target).parent.joinpath("over.tar.zst").exists()
+
+
+def test_sparse_files_stay_sparse_and_a_too_small_disk_is_refused(snap_provider, made, tmp_path):  # type: ignore[no-untyped-def]
+    from sandboxes.providers.base import ResourceExhausted
+
+    source = _create(snap_provider, made)
+    # A hole as large as the disk allows, and 3 MB of data.
+    _sh(snap_provider, source, "truncate -s 400M hole && head -c 3000000 /dev/urandom > data")
+    archive = snap_provider.snapshot(source, str(tmp_path / "sparse.tar.zst"), 10**9)
+    assert archive.content_bytes < 20_000_000  # the hole was not read as zeros
+    fork = _create(snap_provider, made, restore_from=archive.location)
+    assert _sh(snap_provider, fork, "stat -c %s hole; du -k hole | cut -f1").split() == [
+        str(400 * 1024 * 1024),
+        "0",
+    ]
+    with pytest.raises(ResourceExhausted, match="disk_mb"):
+        _create(snap_provider, made, resources=Resources(disk_mb=2), restore_from=archive.location)

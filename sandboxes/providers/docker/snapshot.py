@@ -142,7 +142,8 @@ class DockerSnapshots:
             intact = archive_close(source)
         if code != 0:
             detail = bytes(stderr)[-600:].decode(errors="replace").strip()
-            if "No space left" in detail:
+            # A full tmpfs, or a file past the container's fsize ulimit (SIGXFSZ: 128 + 25).
+            if "No space left" in detail or "Wrote only" in detail or code == 153:
                 raise ResourceExhausted(
                     "The snapshot's files do not fit this sandbox's disk: ask for a larger "
                     "resources.disk_mb (/tmp holds at most 64 MiB)."

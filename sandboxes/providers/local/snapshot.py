@@ -192,7 +192,7 @@ def restore_files(bwrap: str, location: str, sandbox_dir: Path, host_uid: int) -
         intact = archive_close(source)
         if code != 0:
             detail = _tail(log)
-            if "No space left" in detail or "Disk quota" in detail:
+            if any(sign in detail for sign in ("No space left", "Disk quota", "Wrote only")):
                 raise ResourceExhausted(
                     "The snapshot's files do not fit this sandbox's disk: ask for a larger "
                     "resources.disk_mb."
