@@ -253,9 +253,9 @@ def _in_threads(fn, items: list, workers: int = 8) -> list:  # type: ignore[no-u
 
 
 @pytest.mark.django_db(transaction=True)
-def test_engines_share_the_load_and_survive_one_stopping(
-    two_engines, org_a, alice, engine_b
-) -> None:  # type: ignore[no-untyped-def]
+def test_engines_share_the_load_and_survive_one_stopping(  # type: ignore[no-untyped-def]
+    two_engines, settings, org_a, alice, engine_b
+) -> None:
     installation = two_engines
     Organization.objects.filter(pk=org_a.pk).update(max_concurrent_sandboxes=50)
     org_a.refresh_from_db()
@@ -287,13 +287,13 @@ def test_engines_share_the_load_and_survive_one_stopping(
     provider.agent_socket(on_b[0].provider_id).close()
 
     # An organization that requires a label lands on the engines carrying it.
-    django_settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = f"org:{org_a.slug}=gpu"
+    settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = f"org:{org_a.slug}=gpu"
     gpu = _in_threads(create, [0, 1, 2])
     assert {s.engine for s in gpu} == {"b"}
-    django_settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = f"org:{org_a.slug}=tpu"
+    settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = f"org:{org_a.slug}=tpu"
     with pytest.raises(ProviderNotConfigured, match="label 'tpu'"):
         create(0)
-    django_settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = ""
+    settings.SANDPIT_DOCKER_ENGINE_REQUIREMENTS = ""
     on_b += gpu
 
     # Engine b stops: its sandboxes are lost (error, with the reason, and an event).
