@@ -71,7 +71,7 @@ class DockerEngines(RoutedOperations):
     """The `docker` provider over one or more engines (see the module docstring)."""
 
     name = "docker"
-    capabilities = frozenset(Capability)
+    capabilities: frozenset[Capability]
 
     def __init__(
         self, engines: Sequence[EngineConfig], label_prefix: str = "sandpit", **options: Any
@@ -92,6 +92,7 @@ class DockerEngines(RoutedOperations):
             self.providers[engine.name] = DockerProvider(
                 base_url=engine.url, tls=tls, label_prefix=label_prefix, **options
             )
+        self.capabilities = self.providers[self.first].capabilities
         self._lock = threading.Lock()
         self._place_lock = threading.Lock()
         self._probe_clients: dict[str, Any] = {}
