@@ -41,6 +41,9 @@ fi
 export DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/sandpit}
 export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
 export SANDPIT_PROVIDERS=${SANDPIT_PROVIDERS:-local,docker}
+# One pooled docker container per process: the pool is exercised by every docker test through
+# the API, without each provider a test builds starting four containers in the background.
+export SANDPIT_DOCKER_POOL_SIZE=${SANDPIT_DOCKER_POOL_SIZE:-1}
 export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
 # Local jails run as unprivileged host uids that must pass through every directory above their
 # root; a checkout may sit under a private (0700) directory, so tests keep jails elsewhere.
