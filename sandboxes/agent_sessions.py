@@ -30,7 +30,7 @@ from .providers.base import ExecEvent, FileEvent, InvalidRequest, ProcessNotFoun
 MAX_FRAME = 1 << 20
 MAX_OUTBOX_BYTES = 4 << 20
 """Input a link holds while the agent is not taking it; past this the link fails."""
-SESSION_ID = re.compile(r"^(term|run|watch)_[0-9a-f]{16}$")
+SESSION_ID = re.compile(r"(term|run|watch)_[0-9a-f]{16}")
 
 
 @runtime_checkable
@@ -64,6 +64,13 @@ class SessionInfo:
 
 
 def _info(body: Mapping[str, Any]) -> SessionInfo:
+    try:
+        return _parse_info(body)
+    except (TypeError, ValueError, AttributeError):
+        raise ProviderError("the sandbox agent sent a malformed session") from None
+
+
+def _parse_info(body: Mapping[str, Any]) -> SessionInfo:
     code = body.get("exit_code")
     meta = body.get("meta")
     return SessionInfo(
@@ -108,7 +115,7 @@ def sandbox_cwd(cwd: str | None) -> str:
 
 
 def check_id(session_id: str) -> str:
-    if not SESSION_ID.match(session_id or ""):
+    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
         raise ProcessNotFound("no such session")
     return session_id
 
@@ -119,7 +126,9 @@ def session_list(
     """The sandbox's sessions (of `kind`), oldest first, ended ones for a while too."""
     body = _call(provider, provider_id, {"op": "session_list", "kind": kind})
     rows = body.get("sessions")
-    return [_info(row) for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+    if not isinstance(rows, list):
+        return []
+    return [_info(row) for row in rows[:1000] if isinstance(row, dict)]
 
 
 def session_get(provider: AgentSessions, provider_id: str, session_id: str) -> SessionInfo:

@@ -5,11 +5,12 @@ attached to it. Output is read on the event loop with `loop.add_reader` on the P
 descriptor (no thread per read, no channel layer on the keystroke path) and written to every
 attached socket as raw bytes; input from any socket goes straight to the PTY.
 
-Terminals are pinned to the web process that created them: the PTY's descriptor lives in
-that process. Run one ASGI process per host (or route /ws/sandboxes/<id>/terminals/* with
-sticky sessions); a socket that reaches another process gets close code 4404. A terminal
-outlives its sockets (closing the browser does not kill the shell) and ends on DELETE, when
-its shell exits, or when the sandbox is destroyed or reaped (the PTY stream then ends).
+Only providers without the in-sandbox agent (the cloud ones) use this registry: their
+terminals are pinned to the web process that created them (the PTY's descriptor lives
+there; a socket that reaches another process gets close code 4404). Local and docker
+terminals live in the sandbox's agent instead (sandboxes/terminals.py). A terminal outlives
+its sockets (closing the browser does not kill the shell) and ends on DELETE, when its shell
+exits, or when the sandbox is destroyed or reaped (the PTY stream then ends).
 """
 
 from __future__ import annotations
