@@ -229,6 +229,7 @@ def two_engines(settings, engine_b):  # type: ignore[no-untyped-def]
         f"unix:///var/run/docker.sock#name=a {engine_b}#name=b&label=gpu"
     )
     settings.SANDPIT_DOCKER_ENGINE_LOST_S = 0
+    settings.SANDPIT_DOCKER_POOL_SIZE = 0  # these sandboxes are not the pool's common spec
     settings.SANDPIT_ORPHAN_GRACE_S = 0
     reset_providers()
     yield installation
