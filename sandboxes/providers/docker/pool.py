@@ -18,7 +18,7 @@ fifty start at once on two cores); a claimed one answers its first command at on
   limits are those of a cold container of the same spec.
 * **What Docker cannot change.** Labels are fixed at create. The claim therefore writes
   the sandbox's labels and the time of assignment to a record the server alone can read
-  (``<agent_dir>/.claims/<container id>.json``, 0600 in a 0700 directory; never inside the
+  (claims.py: ``<agent_dir>/.claims/<container id>.json``, 0600 in a 0700 directory; never in the
   container), and `list_sandboxes`, `get` and `stats` show the record's labels and take the
   sandbox's age (created_at, uptime) from the assignment. Without the record (another
   host's server) the sandbox id still comes from the container's name.
@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import secrets
@@ -56,7 +54,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,17 +69,22 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 
+from .claims import (
+    LEASE_S,
+    NODE,
+    POOL_ID_PREFIX,
+    POOL_LABEL,
+    owner_alive,
+    owner_token,
+    unclaimed,
+    write_claim,
+)
 from .errors import translate
 
 logger = logging.getLogger(__name__)
 
-POOL_LABEL = "pool"
-"""Container label (under the provider's prefix) of pool containers: the owner token."""
 MEMORY_LABEL = "memory_mb"
 """The memory limit label Engine placement adds up (engines.py); pool containers carry it."""
-POOL_ID_PREFIX = "pool-"
-LEASE_S = 3600.0
-"""An unclaimed container whose owner cannot be checked from here is abandoned after this."""
 RECYCLE_S = LEASE_S / 4
 """Owners replace their idle containers at this age, well inside the lease."""
 QUIET_S = 0.05
@@ -89,7 +92,6 @@ QUIET_S = 0.05
 slow down the first commands of the sandbox just handed out."""
 CLOSE_WAIT_S = 15.0
 MAX_BACKOFF_S = 30.0
-CLAIMS_DIR = ".claims"
 
 
 class _Provider(Protocol):
@@ -109,57 +111,6 @@ class _Provider(Protocol):
     def destroy(self, provider_id: str) -> bool: ...
 
 
-# --- owners ----------------------------------------------------------------------------
-
-
-def _start_ticks(pid: int) -> int:
-    """The process's start time in clock ticks since boot (0 when it does not exist)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _node() -> str:
-    """This host's boot and pid namespace: owners are comparable only within one node."""
-    parts = []
-    try:
-        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
-    except OSError:
-        parts.append("")
-    try:
-        parts.append(os.readlink("/proc/self/ns/pid"))
-    except OSError:
-        parts.append("")
-    parts.append(os.uname().nodename)
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-
-
-_NODE = _node()
-
-
-def owner_token(pid: int | None = None) -> str:
-    """`<node>-<pid>-<start ticks>` of `pid` (default: this process)."""
-    pid = os.getpid() if pid is None else pid
-    return f"{_NODE}-{pid}-{_start_ticks(pid)}"
-
-
-def owner_alive(token: str, created: datetime, now: datetime | None = None) -> bool:
-    """Whether the process that owns an unclaimed container still runs. On this node: its
-    pid with the same start time. Elsewhere: until the container is LEASE_S old."""
-    try:
-        node, pid_s, ticks_s = token.split("-")
-        pid, ticks = int(pid_s), int(ticks_s)
-    except ValueError:
-        return False
-    if node == _NODE:
-        return pid > 0 and _start_ticks(pid) == ticks
-    now = now or datetime.now(UTC)
-    return now - created < timedelta(seconds=LEASE_S)
-
-
 # --- which specs are pooled ------------------------------------------------------------
 
 
@@ -175,72 +126,6 @@ def poolable(provider: _Provider, spec: SandboxSpec) -> bool:
         and spec.template == "default"
         and not spec.sandbox_id.startswith(POOL_ID_PREFIX)
     )
-
-
-# --- claims: what Docker cannot relabel -------------------------------------------------
-
-
-def _claims_dir(provider: _Provider) -> Path:
-    return Path(provider.agent_dir) / CLAIMS_DIR
-
-
-def write_claim(provider: _Provider, cid: str, labels: Mapping[str, str], at: datetime) -> None:
-    """Record a claimed container's sandbox labels and time of assignment (atomically)."""
-    root = _claims_dir(provider)
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = root / f".{cid}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"labels": dict(labels), "assigned_at": at.isoformat()}, f)
-    os.replace(tmp, root / f"{cid}.json")
-
-
-def read_claim(provider: _Provider, cid: str) -> tuple[dict[str, str], datetime] | None:
-    """(labels, assigned at) of a claimed container, None without a record."""
-    if not cid or "/" in cid or cid.startswith("."):
-        return None
-    try:
-        data = json.loads((_claims_dir(provider) / f"{cid}.json").read_text())
-        return {str(k): str(v) for k, v in data["labels"].items()}, datetime.fromisoformat(
-            data["assigned_at"]
-        )
-    except (OSError, ValueError, KeyError, AttributeError):
-        return None
-
-
-def forget_claim(provider: _Provider, cid: str) -> None:
-    if cid and "/" not in cid and not cid.startswith("."):
-        with contextlib.suppress(OSError):
-            (_claims_dir(provider) / f"{cid}.json").unlink()
-
-
-def unclaimed(provider: _Provider, name: str, labels: Mapping[str, str]) -> bool:
-    """Whether a pool container still has its pool name (no sandbox took it)."""
-    pool_id = labels.get(provider._label("sandbox_id"), "")
-    prefix = f"{provider.label_prefix}-{provider.installation}-"
-    return bool(pool_id) and name.lstrip("/") == prefix + pool_id
-
-
-def view(
-    provider: _Provider, cid: str, name: str, labels: Mapping[str, str], created: datetime
-) -> tuple[dict[str, str], datetime] | None:
-    """How a container shows in get/list: (labels, created_at), or None to hide it (an
-    unclaimed pool container whose owner runs). A claimed pool container shows as the
-    sandbox it became; an abandoned one as an orphan (its pool id as sandbox id)."""
-    owner = labels.get(provider._label(POOL_LABEL))
-    if owner is None:
-        return dict(labels), created
-    if unclaimed(provider, name, labels):
-        return None if owner_alive(owner, created) else (dict(labels), created)
-    claim = read_claim(provider, cid)
-    if claim is not None:
-        return claim
-    prefix = f"{provider.label_prefix}-{provider.installation}-"
-    name = name.lstrip("/")
-    shown = {k: v for k, v in labels.items() if k != provider._label(POOL_LABEL)}
-    if name.startswith(prefix):
-        shown[provider._label("sandbox_id")] = name[len(prefix) :]
-    return shown, created
 
 
 # --- the gate for cold creates ----------------------------------------------------------
@@ -524,7 +409,7 @@ class DockerPool:
             name = str((row.get("Names") or [""])[0])
             created = datetime.fromtimestamp(int(row.get("Created") or 0), UTC)
             if (
-                owner.startswith(f"{_NODE}-")
+                owner.startswith(f"{NODE}-")
                 and unclaimed(provider, name, labels)
                 and not owner_alive(owner, created)
             ):

@@ -78,9 +78,10 @@ from sandboxes.providers.base import (
     SandboxStats,
 )
 
+from .claims import forget_claim, read_claim
+from .claims import view as pool_view
 from .errors import translate
-from .pool import CreateGate, DockerPool, forget_claim, read_claim
-from .pool import view as pool_view
+from .pool import CreateGate, DockerPool
 from .relay import ExecBridge
 from .sessions import DockerWatch
 from .snapshot import DockerSnapshots
