@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import re
 
+DETECT_CHARS = 64 * 1024
+"""Detection reads this much of the code: the markers sit near the top (shebang, package,
+includes, class), and every pattern is a linear scan, so a 1 MiB snippet costs no more."""
+
 _SHEBANG = re.compile(r"\A#![ \t]*(\S+)(?:[ \t]+(?:-\S+[ \t]+)*(\S+))?")
 _SHEBANG_PROGRAMS = {
     "python": "python",
@@ -26,33 +30,45 @@ _SHEBANG_PROGRAMS = {
     "lua": "lua",
     "luajit": "lua",
 }
-# (language, pattern) in order: strong, line-anchored markers first, so a Python program
-# that merely mentions `fn main()` in a string or comment is not taken for Rust.
-_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("php", re.compile(r"\A\s*<\?php\b")),
-    ("go", re.compile(r"^package[ \t]+main\b.*$(?s:.*)^func[ \t]+main[ \t]*\(", re.M)),
-    ("go", re.compile(r"^package[ \t]+\w+[ \t]*$(?s:.*)^import[ \t]+(\(|\")", re.M)),
-    ("rust", re.compile(r"^[ \t]*(pub[ \t]+)?fn[ \t]+main[ \t]*\(\)", re.M)),
-    ("rust", re.compile(r"^[ \t]*use[ \t]+std::[\w:{}, ]+;[ \t]*$", re.M)),
-    ("java", re.compile(r"^[ \t]*(public[ \t]+)?(final[ \t]+)?class[ \t]+\w+[^\n]*\{", re.M)),
-    ("java", re.compile(r"public[ \t]+static[ \t]+void[ \t]+main[ \t]*\(\s*String")),
+# (language, patterns) in order: strong, line-anchored markers first, so a Python program
+# that merely mentions `fn main()` in a string or comment is not taken for Rust. All the
+# patterns of an entry must match (each searched on its own: one pattern spanning lines
+# would rescan the rest of the text from every candidate line). No pattern crosses a line.
+_CPP_HEADERS = (
+    "iostream|vector|string|map|bits/stdc\\+\\+\\.h|algorithm|cstdio|cstdlib|set|unordered_map|"
+    "memory|sstream|fstream|iomanip|queue|array|utility"
+)
+_MARKERS: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...] = (
+    ("php", (re.compile(r"\A\s*<\?php\b"),)),
     (
-        "cpp",
-        re.compile(
-            r"^[ \t]*#[ \t]*include[ \t]*<(iostream|vector|string|map|bits/stdc\+\+\.h|algorithm|cstdio|cstdlib|set|unordered_map|memory|sstream|fstream|iomanip|queue|array|utility)>",
-            re.M,
+        "go",
+        (
+            re.compile(r"^package[ \t]+main\b", re.M),
+            re.compile(r"^func[ \t]+main[ \t]*\(", re.M),
         ),
-    ),  # noqa: E501
-    ("cpp", re.compile(r"^[ \t]*using[ \t]+namespace[ \t]+std[ \t]*;", re.M)),
-    ("c", re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]", re.M)),
-    ("c", re.compile(r"^[ \t]*int[ \t]+main[ \t]*\([^)]*\)[ \t]*\{?[ \t]*$", re.M)),
+    ),
+    (
+        "go",
+        (
+            re.compile(r"^package[ \t]+\w+[ \t]*$", re.M),
+            re.compile(r"^import[ \t]+(\(|\")", re.M),
+        ),
+    ),
+    ("rust", (re.compile(r"^[ \t]*(pub[ \t]+)?fn[ \t]+main[ \t]*\(\)", re.M),)),
+    ("rust", (re.compile(r"^[ \t]*use[ \t]+std::[\w:{}, ]+;[ \t]*$", re.M),)),
+    ("java", (re.compile(r"^[ \t]*(public[ \t]+)?(final[ \t]+)?class[ \t]+\w+[^\n]*\{", re.M),)),
+    ("java", (re.compile(r"public[ \t]+static[ \t]+void[ \t]+main[ \t]*\([ \t]*String"),)),
+    ("cpp", (re.compile(rf"^[ \t]*#[ \t]*include[ \t]*<({_CPP_HEADERS})>", re.M),)),
+    ("cpp", (re.compile(r"^[ \t]*using[ \t]+namespace[ \t]+std[ \t]*;", re.M),)),
+    ("c", (re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]", re.M),)),
+    ("c", (re.compile(r"^[ \t]*int[ \t]+main[ \t]*\([^)\n]*\)[ \t]*\{?[ \t]*$", re.M),)),
 )
 _CPP_HINTS = re.compile(r"\bstd::|\bcout\b|\bcin\b|\btemplate[ \t]*<|\bnamespace\b|\bclass\b")
 _TYPESCRIPT = re.compile(
-    r"^[ \t]*(export[ \t]+)?(interface|type)[ \t]+[A-Z]\w*(<[^>]*>)?[ \t]*(=|\{)"
+    r"^[ \t]*(export[ \t]+)?(interface|type)[ \t]+[A-Z]\w*(<[^>\n]*>)?[ \t]*(=|\{)"
     r"|^[ \t]*(const|let|var)[ \t]+\w+[ \t]*:[ \t]*(string|number|boolean|any|unknown|\w+\[\])\b"
-    r"|^[ \t]*(export[ \t]+)?function[ \t]+\w+[ \t]*\([^)]*\b\w+[ \t]*:[ \t]*\w+[^)]*\)"
-    r"[ \t]*(:[ \t]*[\w\[\]<>|]+)?[ \t]*\{",
+    # a parameter with a type: up to the first ':' or ')' of the line, nothing to backtrack
+    r"|^[ \t]*(export[ \t]+)?function[ \t]+\w+[ \t]*\([^):\n]*\w[ \t]*:[ \t]*\w",
     re.M,
 )
 _RUBY = re.compile(
@@ -98,11 +114,12 @@ def detect_language(code: str) -> str:
     line-anchored marker (`<?php`, `package main` + `func main(`, `fn main()`, a Java
     class, `#include`); else TypeScript type annotations, Python statements, Node idioms,
     Ruby, Perl or shell commands; else the seeds' rule (Python indicators, else node)."""
+    code = code[:DETECT_CHARS]
     by_shebang = _shebang(code)
     if by_shebang is not None:
         return by_shebang
-    for name, pattern in _MARKERS:
-        if pattern.search(code):
+    for name, patterns in _MARKERS:
+        if all(pattern.search(code) for pattern in patterns):
             if name == "c" and _CPP_HINTS.search(code):
                 return "cpp"
             return name

@@ -82,8 +82,21 @@ def test_detection_of_huge_and_pathological_input_is_fast_enough_to_finish() -> 
         "package main\n" + "x\n" * 100_000,
         "function f(" + "a: b, " * 20_000,
         "#include <" + "a" * 200_000,
+        "package main\n" * 50_000,
+        "int main(\n" * 50_000,
+        "interface A<\n" * 50_000,
+        "function f(a b c\n" * 20_000,
     ):
         assert table.detect_language(code) in table.BY_NAME
+        assert java_class(code)
+
+
+def test_detection_reads_the_top_of_the_code_only() -> None:
+    from sandboxes.language_detection import DETECT_CHARS
+
+    top = "print(1)\n" * (DETECT_CHARS // 9 + 1)
+    assert table.detect_language(top + "fn main() {}\n") == "python"
+    assert table.detect_language("fn main() {}\n" + top) == "rust"
 
 
 def test_names_aliases_and_unknowns() -> None:
