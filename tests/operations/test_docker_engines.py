@@ -9,6 +9,7 @@ its copy of the sandbox image is cached in its data root.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import subprocess
@@ -308,7 +309,7 @@ def test_engines_share_the_load_and_survive_one_stopping(  # type: ignore[no-unt
     lost = Sandbox.objects.get(pk=on_b[0].pk)
     assert lost.state == SandboxState.ERROR
     assert "Docker engine 'b'" in lost.error_message and "stopped answering" in lost.error_message
-    event = async_to_sync(layer.receive)(channel)["event"]
+    event = async_to_sync(_receive)(layer, channel)["event"]
     assert (event["state"], event["reason"]) == ("error", "engine_lost")
     assert Sandbox.objects.get(pk=on_a[0].pk).state == SandboxState.RUNNING
     with pytest.raises(ApplicationError) as refused:
@@ -382,6 +383,10 @@ def test_sandboxes_go_where_their_image_is_and_not_to_a_draining_engine(engine_b
             fleet.destroy(provider_id)
         subprocess.run(["docker", "rmi", only_a], capture_output=True)
         fleet.close()
+
+
+async def _receive(layer, channel: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return await asyncio.wait_for(layer.receive(channel), timeout=10)
 
 
 def _inspect(url: str, provider_id: str) -> dict:  # type: ignore[type-arg]
