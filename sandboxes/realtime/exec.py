@@ -232,7 +232,10 @@ class ExecConsumer(OutboundConsumer):
             timeout = float(timeout_s) if timeout_s else None
         except (ApplicationError, TypeError, ValueError, AttributeError) as exc:
             code = getattr(exc, "code", "invalid_message")
-            self.error(code, getattr(exc, "message", str(exc)), id=run_id)
+            # The status REST would answer (400 unknown_language, 409 sandbox_not_running...),
+            # so clients raise the same error either way.
+            status = getattr(exc, "status_code", 400)
+            self.error(code, getattr(exc, "message", str(exc)), id=run_id, status=status)
             return
         try:
             stream = await database_sync_to_async(sandbox_exec_stream_open)(

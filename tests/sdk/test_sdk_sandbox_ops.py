@@ -72,6 +72,14 @@ def test_run_code(sbx):  # type: ignore[no-untyped-def]
     else:
         with pytest.raises(InvalidRequestError):
             sbx.run_code("int main(void){ return 0; }", language="c")
+    if "cobol" not in languages:  # streamed or not, an unknown language is refused alike
+        for callback in (None, streamed_none):
+            with pytest.raises(InvalidRequestError):
+                sbx.run_code("DISPLAY 1", language="cobol", on_stdout=callback)
+
+
+def streamed_none(_: str) -> None:
+    """An on_stdout callback that makes run_code stream."""
 
 
 def test_binary_command_output_survives(sbx):  # type: ignore[no-untyped-def]
