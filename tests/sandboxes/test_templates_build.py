@@ -170,3 +170,44 @@ def test_deleting_an_organization_removes_its_templates_images_and_roots(org_b, 
     assert not Template.objects.filter(name="gone").exists()
     assert not image_exists(tag) and not root.exists()
     assert image_exists(settings.SANDPIT_DOCKER_IMAGE)  # the base stays
+
+
+def test_an_owner_may_give_one_build_the_network(alice, org_a, template_env):
+    """A server on the host's side of Docker's bridge: reached from a build only when an
+    owner asked for the network (the offline case is the test above)."""
+    import http.server
+    import ipaddress
+    import json
+    import threading
+
+    from rest_framework.test import APIClient
+
+    ipam = json.loads(
+        subprocess.run(
+            ["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True
+        ).stdout
+    )[0]["IPAM"]["Config"][0]
+    # The bridge's own address: the gateway, by default the subnet's first address.
+    gateway = ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
+    server = http.server.HTTPServer((gateway, 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    owner = APIClient()
+    owner.force_login(alice)
+    fetch = (
+        'FROM sandpit\nRUN python3 -c "import urllib.request; '
+        f"print(urllib.request.urlopen('http://{gateway}:{server.server_port}/', timeout=10).status)\"\n"
+    )
+    try:
+        response = owner.post(
+            "/api/v1/templates",
+            {"name": "online", "dockerfile": fetch, "network": True},
+            format="json",
+        )
+        assert response.status_code == 202, response.content
+        template_id = response.json()["id"]
+        log = streamed(owner.get(f"/api/v1/templates/{template_id}/log"))
+    finally:
+        server.shutdown()
+    template = owner.get(f"/api/v1/templates/{template_id}").json()
+    assert template["state"] == "ready", (template, log)
+    assert "network on (asked by an owner)" in log and "\n200\n" in log, log
