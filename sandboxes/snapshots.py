@@ -49,6 +49,7 @@ from .providers.base import (
     SandboxSpec,
     SnapshotProvider,
 )
+from .providers.snapshot_archive import remove_archive
 from .services import (
     CAPPED_STATES,
     _call,
@@ -177,7 +178,10 @@ def _take(sandbox: Sandbox, *, kind: str, name: str = "") -> Snapshot:
         row.delete()
         raise
     row.state, row.size_bytes = SnapshotState.READY, result.size_bytes
-    row.save(update_fields=["state", "size_bytes"])
+    if not Snapshot.objects.filter(pk=row.pk).update(state=row.state, size_bytes=row.size_bytes):
+        # Its organization was deleted meanwhile: the row is gone, the file must go too.
+        remove_archive(result.location)
+        raise Conflict("The snapshot was deleted while it was being taken.", code="conflict")
     return row
 
 
@@ -196,6 +200,11 @@ def snapshot_delete(*, snapshot: Snapshot) -> None:
     """Delete a snapshot and its archive. Not counted (it runs nothing in a sandbox and
     frees storage). Conflict 'snapshot_in_use' for the archive an archived sandbox would
     resume from: destroy that sandbox instead. Sandboxes started from it keep running."""
+    if snapshot.state == SnapshotState.CREATING:
+        raise Conflict(
+            f"Snapshot {snapshot.id} is still being taken; delete it once it is ready.",
+            code="snapshot_not_ready",
+        )
     owner = snapshot.sandbox
     if snapshot.kind == ARCHIVE and owner is not None and owner.state == SandboxState.ARCHIVED:
         raise Conflict(

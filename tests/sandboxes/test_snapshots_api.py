@@ -292,3 +292,17 @@ def test_docker_fork_archive_and_resume(api_a, docker_api, settings, snapshot_di
     assert resumed.json()["state"] == "running"
     assert _read(api_a, sid, "work.txt") == b"on docker"
     assert _archives(snapshot_dir) == []
+
+
+def test_a_snapshot_being_taken_cannot_be_deleted_or_started_from(api_a, org_a, sandbox_a):  # type: ignore[no-untyped-def]
+    taking = Snapshot.objects.create(
+        organization=org_a,
+        source_sandbox_id=sandbox_a["id"],
+        provider="local",
+        state="creating",
+    )
+    assert_error(api_a.delete(f"/api/v1/snapshots/{taking.id}"), 409, "snapshot_not_ready")
+    assert_error(
+        _post(api_a, "/api/v1/sandboxes", {"snapshot": taking.id}), 409, "snapshot_not_ready"
+    )
+    assert Snapshot.objects.filter(pk=taking.pk).exists()
