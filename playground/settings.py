@@ -307,6 +307,11 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 8)
+# Cold local jail starts run at most this many at once per process, the rest queue (0: no
+# limit); a start is CPU-bound, so more at once only makes all of them later.
+SANDPIT_LOCAL_CREATE_CONCURRENCY = env_int(
+    "SANDPIT_LOCAL_CREATE_CONCURRENCY", 2 * len(os.sched_getaffinity(0))
+)
 # Host uids local jails run as when Sandpit runs as root: one per live sandbox, from the
 # base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
 SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)

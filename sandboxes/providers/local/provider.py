@@ -16,6 +16,7 @@ claims one of them when the sandbox needs no network (pool.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -105,6 +106,7 @@ class LocalProvider(LocalSnapshots):
         warm_pool: int = 0,
         host_uid_base: int = 1_000_000_000,
         host_uid_count: int = 65_536,
+        create_concurrency: int = 0,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
@@ -133,6 +135,14 @@ class LocalProvider(LocalSnapshots):
         self._lock = threading.Lock()
         self._pool = (
             WarmPool(int(warm_pool), self._spawn_warm, self.destroy) if warm_pool > 0 else None
+        )
+        # Cold starts at once (0: no limit). A start is CPU-bound (bwrap, the agent's Python):
+        # 100 started together all finish near the end, past CREATE_TIMEOUT_S on a loaded
+        # host; queued, the first are ready early (the wait is not part of the timeout).
+        self._cold_starts: threading.Semaphore | contextlib.nullcontext[None] = (
+            threading.Semaphore(create_concurrency)
+            if create_concurrency > 0
+            else contextlib.nullcontext()
         )
 
     def close(self) -> None:
@@ -194,7 +204,8 @@ class LocalProvider(LocalSnapshots):
             if handle is not None:
                 return handle
         try:
-            return self._start(spec, sdir, env)
+            with self._cold_starts:
+                return self._start(spec, sdir, env)
         except BaseException:
             self._teardown(spec.sandbox_id, sdir, None)
             raise
