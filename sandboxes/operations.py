@@ -43,7 +43,7 @@ from .providers import configured_provider_names, get_provider
 from .providers.base import Capability, ExecRequest, ProviderError, SandboxGone, SandboxHandle
 from .providers.base import SandboxState as HandleState
 from .services import provider_for, sandbox_destroy, sandbox_transition
-from .snapshots import paused_sandboxes_archive
+from .snapshots import paused_sandboxes_archive, stale_snapshots_remove
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,7 @@ def reap_sandboxes(*, now: datetime | None = None, sweep_leftovers: bool = True)
                 logger.exception("reaping failed")
     # Paused sandboxes are not idle (their clock stopped) but do not stay paused forever.
     report.archived = paused_sandboxes_archive(now=now)
+    stale_snapshots_remove(now=now)  # snapshots whose taker died mid-way
     if report.archived:
         logger.info("reaper: %d paused sandboxes archived", len(report.archived))
     if report.reaped_idle or report.reaped_max_lifetime or report.kept_alive or report.failed:

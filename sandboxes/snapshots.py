@@ -407,6 +407,17 @@ def paused_sandboxes_archive(*, now: datetime | None = None, limit: int = 100) -
     return archived
 
 
+def stale_snapshots_remove(*, now: datetime | None = None) -> int:
+    """Delete snapshots left 'creating' longer than SANDPIT_CREATE_STALE_S (their taker died
+    mid-way) with any partial file (the reaper's step). Returns how many went."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.SANDPIT_CREATE_STALE_S)
+    deleted, _ = Snapshot.objects.filter(
+        state=SnapshotState.CREATING, created_at__lte=cutoff
+    ).delete()
+    return deleted
+
+
 def snapshots_describe_limits(organization: Organization) -> dict[str, Any]:
     """The organization's snapshot limits and use, for the API."""
     count, stored = snapshot_usage(organization)

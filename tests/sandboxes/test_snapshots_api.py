@@ -306,3 +306,26 @@ def test_a_snapshot_being_taken_cannot_be_deleted_or_started_from(api_a, org_a, 
         _post(api_a, "/api/v1/sandboxes", {"snapshot": taking.id}), 409, "snapshot_not_ready"
     )
     assert Snapshot.objects.filter(pk=taking.pk).exists()
+
+
+def test_the_reaper_removes_snapshots_whose_taker_died(org_a, settings, snapshot_dir):  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sandboxes.snapshot_store import snapshot_path
+
+    old = timezone.now() - timedelta(seconds=settings.SANDPIT_CREATE_STALE_S + 1)
+    stale = Snapshot.objects.create(
+        organization=org_a, source_sandbox_id="sbx_x", provider="local", state="creating"
+    )
+    partial = snapshot_path(org_a.pk, stale.id)
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"half an archive")
+    Snapshot.objects.filter(pk=stale.pk).update(created_at=old, location=str(partial))
+    fresh = Snapshot.objects.create(
+        organization=org_a, source_sandbox_id="sbx_y", provider="local", state="creating"
+    )
+    reap_sandboxes(sweep_leftovers=False)
+    assert list(Snapshot.objects.values_list("id", flat=True)) == [fresh.id]
+    assert not partial.exists()
