@@ -15,11 +15,15 @@ from billing import pricing
 from billing.metering import get_meter
 from billing.models import UsageEvent
 from billing.selectors import usage_summary
-from sandboxes.models import LIVE_STATES, Sandbox
+from sandboxes.models import LIVE_STATES, Sandbox, SandboxState
 from sandboxes.providers import configured_provider_names, get_provider
 from sandboxes.providers.base import ProviderError
 
 MAX_ORGANIZATIONS_LISTED = 200
+
+ACTIVE_STATES = (*LIVE_STATES, SandboxState.PAUSED)
+"""What staff see as active: sandboxes holding a provider resource (a paused one keeps its
+memory; an archived one only a snapshot)."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,9 @@ class HourBucket:
 
 
 def staff_live_sandboxes() -> list[Sandbox]:
-    """Every creating or running sandbox of every organization, oldest first."""
+    """Every creating, running or paused sandbox of every organization, oldest first."""
     return list(
-        Sandbox.objects.filter(state__in=LIVE_STATES)
+        Sandbox.objects.filter(state__in=ACTIVE_STATES)
         .select_related("organization", "created_by")
         .order_by("created_at")
     )
@@ -62,7 +66,7 @@ def staff_live_sandboxes() -> list[Sandbox]:
 def staff_provider_statuses() -> list[ProviderStatus]:
     """Health of each configured provider (one probe each) and its live sandbox count."""
     live = dict(
-        Sandbox.objects.filter(state__in=LIVE_STATES)
+        Sandbox.objects.filter(state__in=ACTIVE_STATES)
         .values_list("provider")
         .annotate(n=Count("id"))
         .values_list("provider", "n")
@@ -84,7 +88,7 @@ def staff_provider_statuses() -> list[ProviderStatus]:
 def staff_usage_by_organization() -> list[OrganizationUsage]:
     """This period's usage of every organization (busiest first), capped for page size."""
     live = dict(
-        Sandbox.objects.filter(state__in=LIVE_STATES)
+        Sandbox.objects.filter(state__in=ACTIVE_STATES)
         .values_list("organization_id")
         .annotate(n=Count("id"))
         .values_list("organization_id", "n")

@@ -329,3 +329,11 @@ def test_the_reaper_removes_snapshots_whose_taker_died(org_a, settings, snapshot
     reap_sandboxes(sweep_leftovers=False)
     assert list(Snapshot.objects.values_list("id", flat=True)) == [fresh.id]
     assert not partial.exists()
+
+
+def test_staff_see_paused_sandboxes_as_active(api_a, sandbox_a):  # type: ignore[no-untyped-def]
+    from playground.selectors import staff_live_sandboxes, staff_provider_statuses
+
+    _post(api_a, f"/api/v1/sandboxes/{sandbox_a['id']}/pause")
+    assert [s.id for s in staff_live_sandboxes()] == [sandbox_a["id"]]
+    assert {p.name: p.live_sandboxes for p in staff_provider_statuses()}["local"] == 1
