@@ -17,7 +17,7 @@ from typing import Protocol
 POOL_LABEL = "pool"
 """Container label (under the provider's prefix) of pool containers: the owner token."""
 POOL_ID_PREFIX = "pool-"
-LEASE_S = 3600.0
+LEASE_S = 900.0
 """An unclaimed container whose owner cannot be checked from here is abandoned after this."""
 CLAIMS_DIR = ".claims"
 

@@ -53,6 +53,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,12 +86,13 @@ logger = logging.getLogger(__name__)
 
 MEMORY_LABEL = "memory_mb"
 """The memory limit label Engine placement adds up (engines.py); pool containers carry it."""
-RECYCLE_S = LEASE_S / 4
+RECYCLE_S = LEASE_S / 3
 """Owners replace their idle containers at this age, well inside the lease."""
 QUIET_S = 0.05
 """After a claim, a refill waits this long while idle containers remain, so it does not
 slow down the first commands of the sandbox just handed out."""
 CLOSE_WAIT_S = 15.0
+CLOSE_PARALLEL = 8
 MAX_BACKOFF_S = 30.0
 
 
@@ -255,8 +257,9 @@ class DockerPool:
             idle, self._idle = self._idle, []
             threads = list(self._threads)
             self._cond.notify_all()
-        for warm in idle:
-            self._destroy_quietly(warm.cid)
+        if idle:  # in parallel: a large pool must go within a server's stop timeout
+            with ThreadPoolExecutor(min(len(idle), CLOSE_PARALLEL)) as removing:
+                list(removing.map(self._destroy_quietly, [warm.cid for warm in idle]))
         for thread in threads if wait else []:
             if thread is not threading.current_thread():
                 thread.join(CLOSE_WAIT_S)
