@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 
 from accounts.authentication import Principal
 from accounts.models import Organization
 from playground.errors import NotFound
 
-from .models import Sandbox
+from .models import Sandbox, Template
 
 
 def sandbox_get_for_principal(*, principal: Principal, sandbox_id: str) -> Sandbox:
@@ -33,3 +33,29 @@ def sandboxes_for_org(
     elif not include_destroyed:
         qs = qs.exclude(state="destroyed")
     return qs.order_by("-created_at")
+
+
+def templates_for_org(organization: Organization) -> QuerySet[Template]:
+    """Built-in templates and the organization's own, built-ins first, then by name."""
+    return Template.objects.filter(
+        Q(organization__isnull=True) | Q(organization=organization)
+    ).order_by(F("organization_id").asc(nulls_first=True), "name")
+
+
+def template_get_for_org(*, organization: Organization, template_id: str) -> Template:
+    """A template the organization may see (its own or a built-in); NotFound otherwise,
+    never 403 (which would confirm another organization's id exists)."""
+    template = templates_for_org(organization).filter(pk=template_id).first()
+    if template is None:
+        raise NotFound("No such template.", code="template_not_found")
+    return template
+
+
+def template_by_name(organization: Organization, name: str) -> Template | None:
+    """The template a name (or id) means to the organization: its own before a built-in."""
+    return (
+        templates_for_org(organization)
+        .filter(Q(name=name) | Q(pk=name))
+        .order_by(F("organization_id").asc(nulls_last=True))
+        .first()
+    )

@@ -14,7 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiTypes,
@@ -116,7 +116,7 @@ class TemplateListApi(SandboxApi):
         return Response(TemplateOutput(templates_for_org(principal.organization), many=True).data)
 
     @extend_schema(request=TemplateCreateInput, responses={202: TemplateOutput})
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         principal = principal_of(request)
         _no_tokens(principal)
         data = _validated(TemplateCreateInput, request.data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.templates import templates_builtin_build
+from sandboxes.template_builtins import templates_builtin_build
 from tests.docker_support import TEST_INSTALLATION, docker_provider_or_skip
 from tests.requirements import jail_root
 

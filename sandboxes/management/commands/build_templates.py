@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from playground.errors import ApplicationError
-from sandboxes.templates import BUILTINS, templates_builtin_build
+from sandboxes.template_builtins import BUILTINS, templates_builtin_build
 
 
 class Command(BaseCommand):
