@@ -243,6 +243,7 @@ def test_a_dead_servers_pool_containers_are_reaped(settings):
 
 
 def test_a_new_pool_removes_a_dead_pools_containers_on_this_host():
+    """Also another installation's: nothing reconciles a test server's installation."""
     image = docker_provider_or_skip().image
     installation = "pytest-pool-" + uuid.uuid4().hex[:8]
     server = subprocess.run(
@@ -254,7 +255,9 @@ def test_a_new_pool_removes_a_dead_pools_containers_on_this_host():
         timeout=90,
     )
     left = json.loads(server.stdout.splitlines()[0])
-    fresh = DockerProvider(image=image, installation=installation, pool_size=1)
+    assert len(left) == 2
+    # Any installation's new pool: those containers were never sandboxes of anyone.
+    fresh = DockerProvider(image=image, installation=installation + "-next", pool_size=1)
     try:
         assert fresh.pool is not None and fresh.pool.wait_full(FILL_S)
         for cid in left:
@@ -262,8 +265,9 @@ def test_a_new_pool_removes_a_dead_pools_containers_on_this_host():
                 fresh._inspect(cid)
     finally:
         fresh.close()
+        leftover = DockerProvider(image=image, installation=installation)
         for cid in left:
-            fresh.destroy(cid)
+            leftover.destroy(cid)
 
 
 def test_settings_size_the_pool_and_reset_closes_it(settings):

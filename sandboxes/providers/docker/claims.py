@@ -123,8 +123,9 @@ def forget_claim(provider: _Provider, cid: str) -> None:
 def unclaimed(provider: _Provider, name: str, labels: Mapping[str, str]) -> bool:
     """Whether a pool container still has its pool name (no sandbox took it)."""
     pool_id = labels.get(provider._label("sandbox_id"), "")
-    prefix = f"{provider.label_prefix}-{provider.installation}-"
-    return bool(pool_id) and name.lstrip("/") == prefix + pool_id
+    installation = labels.get(provider._label("installation"), "")
+    prefix = f"{provider.label_prefix}-{installation}-"
+    return pool_id.startswith(POOL_ID_PREFIX) and name.lstrip("/") == prefix + pool_id
 
 
 def view(

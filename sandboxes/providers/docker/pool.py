@@ -48,6 +48,7 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -391,17 +392,14 @@ class DockerPool:
                 self._swept = True
 
     def _sweep(self) -> None:
+        """Of every installation: an unclaimed container of a process of this node that is
+        gone was never a sandbox and never will be (a test server killed with SIGKILL, in
+        an installation nothing reconciles afterwards, leaves one)."""
         provider = self.provider
         try:
             with translate():
                 rows = provider._api().containers(
-                    all=True,
-                    filters={
-                        "label": [
-                            f"{provider._label('installation')}={provider.installation}",
-                            provider._label(POOL_LABEL),
-                        ]
-                    },
+                    all=True, filters={"label": [provider._label(POOL_LABEL)]}
                 )
         except ProviderError:
             logger.warning("could not list pool containers", exc_info=True)
@@ -416,7 +414,21 @@ class DockerPool:
                 and unclaimed(provider, name, labels)
                 and not owner_alive(owner, created)
             ):
-                self._destroy_quietly(row["Id"])
+                self._remove_leftover(row)
+
+    def _remove_leftover(self, row: Mapping[str, Any]) -> None:
+        """Remove a dead pool's container (maybe another installation's: not through
+        destroy, which refuses those) and its agent directory when it is under ours."""
+        try:
+            with translate(row["Id"]):
+                self.provider._api().remove_container(row["Id"], force=True, v=True)
+        except ProviderError:
+            logger.warning("could not remove pool container %s", row["Id"], exc_info=True)
+            return
+        for mount in row.get("Mounts") or []:
+            source = Path(str(mount.get("Source") or ""))
+            if source.parent == Path(self.provider.agent_dir) and source.name:
+                shutil.rmtree(source, ignore_errors=True)
 
     def _destroy_quietly(self, cid: str) -> None:
         try:
