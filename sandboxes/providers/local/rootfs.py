@@ -120,23 +120,37 @@ def _same(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
 
 
 def _add_mount_points(root: Path) -> None:
+    """Make every mount point a real directory or file inside `root`. The image may hold
+    links anywhere (`/opt -> /`, `/etc/resolv.conf -> /run/...`): following one here would
+    create or delete files on the host, so each component is checked without following it
+    (its parent is already known to be a real directory of the tree) and a link in the way
+    is removed (the link itself, inside the tree)."""
     for sub in JAIL_MOUNT_DIRS:
-        path = root / sub
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            path.unlink()
-        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _real_dir(root, Path(sub))
     for sub in JAIL_MOUNT_FILES:
-        path = root / sub
-        # A link could point anywhere once bound over; the jail needs a plain file.
-        if path.is_symlink():
-            path.unlink()
-        elif path.is_dir():
-            shutil.rmtree(path)
+        parent = _real_dir(root, Path(sub).parent)
+        path = parent / Path(sub).name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         if not path.exists():
             path.touch(mode=0o644)
     if os.geteuid() == 0:
         for sub in (*JAIL_MOUNT_DIRS, *JAIL_MOUNT_FILES):
             os.lchown(root / sub, 0, 0)
+
+
+def _real_dir(root: Path, relative: Path) -> Path:
+    current = root
+    for part in relative.parts:
+        current = current / part
+        if current.is_symlink() or (current.exists() and not current.is_dir()):
+            current.unlink()
+        if not current.exists():
+            current.mkdir(mode=0o755)
+    return current
 
 
 def tree_bytes(root: Path) -> int:
