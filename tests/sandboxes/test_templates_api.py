@@ -250,3 +250,31 @@ def test_a_build_whose_worker_stopped_fails_instead_of_blocking(api_a, org_a, se
     lost.refresh_from_db()
     assert lost.state == BuildState.FAILED and "stopped" in lost.error_message
     assert api_a.delete(f"/api/v1/templates/{lost.pk}").status_code == 204
+
+
+def test_a_build_goes_to_the_celery_task_which_builds_only_queued_templates(
+    api_a, org_a, builtin_python, monkeypatch, django_capture_on_commit_callbacks
+):
+    from playground.celery import app
+    from sandboxes import template_builds
+
+    sent: list[tuple[str, list[str], dict[str, bool]]] = []
+    monkeypatch.setattr(
+        template_builds.current_app,
+        "send_task",
+        lambda name, args, kwargs: sent.append((name, args, kwargs)),
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        created = api_a.post(
+            "/api/v1/templates", {"name": "mine", "dockerfile": "FROM python\n"}, format="json"
+        ).json()
+    assert sent == [("sandboxes.tasks.build_template", [created["id"]], {"network": False})]
+    # the base went away meanwhile: the task fails the build without reaching the engine
+    Template.objects.filter(pk=builtin_python.pk).update(state=BuildState.FAILED)
+    app.loader.import_default_modules()  # what a worker does at start: autodiscovery
+    task = app.tasks["sandboxes.tasks.build_template"]
+    task(created["id"])
+    mine = Template.objects.get(pk=created["id"])
+    assert mine.state == BuildState.FAILED and "FROM python is not available" in mine.error_message
+    task(created["id"])  # a second delivery does nothing
+    assert Template.objects.get(pk=created["id"]).error_message == mine.error_message

@@ -26,6 +26,8 @@ from sandboxes.providers.base import ProviderError, ProviderUnavailable
 
 BUILD_MEMORY_BYTES = 2 * 1024 * 1024 * 1024
 """Memory (and memory+swap) of each container a build runs its steps in."""
+BUILD_CPU_SHARES = 256
+"""A quarter of a default container's CPU weight: a busy build gives way to sandboxes."""
 
 
 class BuildFailed(ProviderError):
@@ -112,7 +114,11 @@ def image_build(
             nocache=False,
             decode=True,
             network_mode=network,
-            container_limits={"memory": BUILD_MEMORY_BYTES, "memswap": BUILD_MEMORY_BYTES},
+            container_limits={
+                "memory": BUILD_MEMORY_BYTES,
+                "memswap": BUILD_MEMORY_BYTES,
+                "cpushares": BUILD_CPU_SHARES,
+            },
             use_config_proxy=False,
             timeout=max(1, int(timeout_s)),
         )
