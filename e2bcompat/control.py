@@ -102,8 +102,10 @@ class SandboxesApi(E2BApi):
         """Create; once per Idempotency-Key, as Sandpit's own create (a retry of one that
         finished gets its stored answer, Idempotent-Replayed: true, and creates nothing)."""
         body = request.data if isinstance(request.data, dict) else {}
-        provider_name, template = translate.template_resolve(str(body.get("templateID") or ""))
         principal = principal_of(request)
+        provider_name, template = translate.template_resolve(
+            str(body.get("templateID") or ""), principal.organization
+        )
         key = request.headers.get("Idempotency-Key")
         if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
             raise ApplicationError(
@@ -123,6 +125,7 @@ class SandboxesApi(E2BApi):
             sandbox = services.sandbox_create(
                 principal=principal,
                 provider_name=provider_name,
+                template=template,
                 timeout_s=_timeout_s(body.get("timeout")),
                 network=body.get("allow_internet_access") is True,
                 env=_string_map(body.get("envVars"), "envVars"),
@@ -235,7 +238,7 @@ class NotSupportedApi(E2BApi):
             {
                 "code": 501,
                 "message": f"{request.method} {path} is not supported by Sandpit's E2B-compatible "
-                "API (no E2B snapshots or fork, templates by name, volumes or secrets).",
+                "API (no E2B snapshots or fork, template builds, volumes or secrets).",
                 "error": {"code": "not_supported", "message": "Not supported by Sandpit."},
             },
             status=status.HTTP_501_NOT_IMPLEMENTED,

@@ -10,9 +10,11 @@ from typing import Any
 
 from django.conf import settings
 
+from accounts.models import Organization
 from playground.errors import ApplicationError, NotFound
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import configured_provider_names
+from sandboxes.selectors import template_by_name
 
 ENVD_VERSION = "0.5.7"
 """The envd version Sandpit answers as. 0.5.7 turns on what Sandpit serves (stdin, close
@@ -28,21 +30,28 @@ BASE_TEMPLATES = frozenset({"base", "default", "code-interpreter-v1", "desktop"}
 Sandpit's default template."""
 
 
-def template_resolve(template_id: str) -> tuple[str | None, str]:
-    """(provider name or None for the default, the name to report) for an E2B template id.
+def template_resolve(
+    template_id: str, organization: Organization | None = None
+) -> tuple[str | None, str]:
+    """(provider name or None for the default, the Sandpit template to start from) for an E2B
+    template id.
 
-    E2B's base templates map to the default provider; the name of an enabled provider
-    ('local', 'docker') picks that provider. Anything else is E2B's 404 'template not
-    found': Sandpit has no templates by name."""
+    E2B's base templates map to the default provider and environment; the name of an enabled
+    provider ('local', 'docker') picks that provider; a Sandpit template the organization
+    sees (GET /api/v1/templates: a built-in such as 'python', or its own) starts from that
+    template on the default provider (sandbox_create then says 409 when it is not built).
+    Anything else is E2B's 404 'template not found'."""
     name = (template_id or "base").split(":", 1)[0]
     if name in BASE_TEMPLATES:
-        return None, name
+        return None, "default"
     if name in configured_provider_names():
-        return name, name
+        return name, "default"
+    if organization is not None and template_by_name(organization, name) is not None:
+        return None, name
     raise NotFound(
         f"Template '{template_id}' was not found: Sandpit serves E2B's base templates "
-        f"({', '.join(sorted(BASE_TEMPLATES))}) and its providers "
-        f"({', '.join(configured_provider_names())}).",
+        f"({', '.join(sorted(BASE_TEMPLATES))}), its providers "
+        f"({', '.join(configured_provider_names())}) and the templates of GET /api/v1/templates.",
         code="template_not_found",
     )
 
