@@ -53,6 +53,7 @@ def template_env(settings):  # type: ignore[no-untyped-def]
     for template in Template.objects.exclude(organization=None):
         template.delete()  # removes image and root file system on commit
     shutil.rmtree(settings.SANDPIT_LOCAL_ROOT, ignore_errors=True)
+    shutil.rmtree(settings.SANDPIT_TEMPLATE_ROOT, ignore_errors=True)
 
 
 def streamed(response) -> str:  # type: ignore[no-untyped-def]

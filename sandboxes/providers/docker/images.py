@@ -11,6 +11,7 @@ images there). Proxy settings of the engine's client configuration are not passe
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -99,10 +100,12 @@ def image_build(
     (Docker's NAT) or 'host' (the platform's own built-ins only). Output is handed to
     `on_output` as it arrives. Raises BuildFailed for a failed step, a missing base image
     or a build past `timeout_s` seconds (the connection is closed, which makes the engine
-    cancel the build; forcerm removes its containers). `context`: files beside the
+    cancel the build, and the running step's container is removed at once). `context`: files beside the
     Dockerfile (the platform's own builds only; a user's Dockerfile gets none)."""
     api = _client(base_url)
     deadline = time.monotonic() + timeout_s
+    step_container = ""
+    finished = False
     try:
         stream: Iterator[dict[str, Any]] = api.build(
             fileobj=_context_tar(dockerfile, context or {}),
@@ -124,11 +127,15 @@ def image_build(
         )
         for chunk in stream:
             if "stream" in chunk:
-                on_output(str(chunk["stream"]))
+                text = str(chunk["stream"])
+                running = _RUNNING_IN.search(text)
+                step_container = running.group(1) if running else step_container
+                on_output(text)
             if "error" in chunk:
                 raise BuildFailed(_explain(str(chunk["error"])))
             if time.monotonic() > deadline:
                 raise BuildFailed(f"The build took longer than {timeout_s:.0f} s.")
+        finished = True
     except (
         requests.exceptions.ConnectionError,
         requests.exceptions.Timeout,
@@ -141,11 +148,25 @@ def image_build(
         raise BuildFailed(_explain(str(exc.explanation or exc))) from exc
     finally:
         api.close()
+        if not finished and step_container:
+            # The engine cancels a build whose client went away, but in its own time: the
+            # step's container is removed now, so nothing the build started outlives it.
+            _remove_quietly(base_url, step_container)
     try:
         info = _client(base_url).inspect_image(tag)
     except docker.errors.ImageNotFound as exc:
         raise BuildFailed("The build finished without an image.") from exc
     return BuiltImage(tag=tag, image_id=str(info["Id"]), size_bytes=int(info.get("Size") or 0))
+
+
+_RUNNING_IN = re.compile(r"---> Running in ([0-9a-f]{12,64})")
+
+
+def _remove_quietly(base_url: str, container: str) -> None:
+    try:
+        _client(base_url).remove_container(container, force=True)
+    except docker.errors.DockerException:
+        pass  # already removed by the engine's own clean-up (forcerm)
 
 
 def _context_tar(dockerfile: str, files: Mapping[str, bytes]) -> io.BytesIO:
