@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--clients", default="1,10")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per measure")
     args = parser.parse_args()
-    env = bench_env()
+    # No warm pool: its refill would compete with the reads (nothing here needs a warm jail).
+    env = bench_env({"SANDPIT_LOCAL_WARM_POOL": "0"})
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-read")
     with daphne(env, app="_bench_asgi:application") as port:
