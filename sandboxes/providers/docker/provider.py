@@ -28,6 +28,7 @@ and tini do not eat into the user's budget (scaled under gVisor: _host_pids_limi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -460,7 +461,15 @@ class DockerProvider(DockerSnapshots):
             if handle is not None:
                 return handle
         with self._gate.cold():
-            return self._start_new(spec)
+            handle = self._start_new(spec)
+            # Its agent's start-up (a Python process) is much of a cold create's CPU: waiting
+            # for it inside the queue keeps a burst in order (measured: the median of 50 at
+            # once 3.7-4.7 s instead of 6.5-9 s). A socket ping costs nothing; a relay's
+            # would be a docker exec, so those sandboxes' first call waits instead.
+            if self._agent_socket_path(handle.provider_id) is not None:
+                with contextlib.suppress(ProviderError):  # the first call says why
+                    self._call(handle.provider_id, {"op": "ping"})
+            return handle
 
     def _labels_for(self, spec: SandboxSpec, runtime: str) -> dict[str, str]:
         labels = {str(k): str(v) for k, v in spec.labels.items()}
