@@ -48,9 +48,11 @@ def sandbox_once(provider, **spec: str) -> float:  # type: ignore[no-untyped-def
     sandbox_id = "bench" + uuid.uuid4().hex[:10]
     started = time.perf_counter()
     handle = provider.create(SandboxSpec(sandbox_id=sandbox_id, **spec))
-    result = provider.exec(handle.provider_id, ExecRequest(command=PROBE))
-    elapsed = ms_since(started)
-    provider.destroy(handle.provider_id)
+    try:
+        result = provider.exec(handle.provider_id, ExecRequest(command=PROBE))
+        elapsed = ms_since(started)
+    finally:
+        provider.destroy(handle.provider_id)
     if result.exit_code != 0:
         raise RuntimeError(f"{PROBE} failed: {result.stderr[-300:]}")
     return elapsed
