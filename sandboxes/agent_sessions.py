@@ -14,17 +14,21 @@ reply lines and frames are bounded, ids are checked before they are sent.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import re
 import select
 import socket
+import struct
+import termios
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-from .providers.agent_client import AgentExecStream, reply
+from .providers.agent_client import AgentExecStream, pty_reply, reply
 from .providers.base import ExecEvent, FileEvent, InvalidRequest, ProcessNotFound, ProviderError
 
 MAX_FRAME = 1 << 20
@@ -201,19 +205,32 @@ def session_attach(
     provider: AgentSessions, provider_id: str, session_id: str, since: int = 0
 ) -> SessionLink:
     """Attach to a session: the link first yields its buffered output from byte `since`
-    (as much as the agent still holds), then live output. ProcessNotFound when unknown."""
+    (as much as the agent still holds), then live output. ProcessNotFound when unknown.
+
+    A terminal's link also asks for the PTY master (passed with SCM_RIGHTS where the
+    agent's socket is reachable; not through a docker-exec relay) and writes keystrokes
+    straight to it, so input skips a hop through the agent; output still comes from the
+    agent, which alone reads the PTY (for every client and the scrollback)."""
     check_id(session_id)
     sock = provider.agent_socket(provider_id)
+    fd = None
     try:
-        request = {"op": "session_attach", "id": session_id, "since": max(0, int(since))}
+        request = {
+            "op": "session_attach",
+            "id": session_id,
+            "since": max(0, int(since)),
+            "pass_fd": session_id.startswith("term_"),
+        }
         sock.sendall(json.dumps(request).encode() + b"\n")
-        body = _reply(sock)
+        body, fd = pty_reply(sock)  # checks a descriptor is a PTY master; none is fine
+        return SessionLink(sock, _info(body), int(body.get("from") or 0), input_fd=fd)
     except BaseException as exc:
         sock.close()
+        if fd is not None:
+            os.close(fd)
         if isinstance(exc, (OSError, ValueError)):
             raise ProviderError(f"lost the sandbox agent: {exc!r}") from None
         raise
-    return SessionLink(sock, _info(body), int(body.get("from") or 0))
 
 
 def session_kill(provider: AgentSessions, provider_id: str, session_id: str) -> SessionInfo:
@@ -242,9 +259,15 @@ class SessionLink:
     agent went away: the sandbox stopped). Sends never block: what the socket does not
     take now waits for ``add_writer``."""
 
-    def __init__(self, sock: socket.socket, info: SessionInfo, start: int) -> None:
+    def __init__(
+        self, sock: socket.socket, info: SessionInfo, start: int, input_fd: int | None = None
+    ) -> None:
         sock.setblocking(False)
         self.sock = sock
+        self._input_fd = -1 if input_fd is None else input_fd
+        """The terminal's PTY master, for input only (see session_attach); -1: frames."""
+        if self._input_fd >= 0:  # shared with the agent, which wants it non-blocking too
+            os.set_blocking(self._input_fd, False)
         self.info = info
         self.offset = start
         """Output bytes before the next one delivered (a reattach passes it as `since`)."""
@@ -362,11 +385,37 @@ class SessionLink:
             self._loop.remove_writer(self._fd)
 
     def write(self, data: bytes) -> None:
+        if self._input_fd >= 0 and not self._outbox and not self.ended:
+            try:
+                written = os.write(self._input_fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the terminal has ended: its end frame follows
+                return
+            if written == len(data):
+                return
+            # The shell is not taking input as fast: the rest, and from now on all input,
+            # goes through the agent, which queues it in order.
+            data = data[written:]
+            self._close_input()
         for start in range(0, len(data), 65536):
             self.send(b"I", data[start : start + 65536])
 
+    def _close_input(self) -> None:
+        if self._input_fd >= 0:
+            os.close(self._input_fd)
+            self._input_fd = -1
+
     def resize(self, cols: int, rows: int) -> None:
-        self.send(b"R", f"{int(cols)} {int(rows)}".encode())
+        if self._input_fd >= 0:
+            # On the master we write to, so it takes effect before the input that follows
+            # (a frame would reach the agent after keystrokes written straight to the PTY).
+            try:
+                packed = struct.pack("HHHH", int(rows), int(cols), 0, 0)
+                fcntl.ioctl(self._input_fd, termios.TIOCSWINSZ, packed)
+            except OSError:
+                pass
+        self.send(b"R", f"{int(cols)} {int(rows)}".encode())  # the agent's record of it
 
     def close(self) -> None:
         """Detach (the session goes on). Idempotent."""
@@ -377,6 +426,7 @@ class SessionLink:
             except (ValueError, OSError, RuntimeError):
                 pass
         self._fd = -1
+        self._close_input()
         try:
             self.sock.close()
         except OSError:

@@ -74,12 +74,13 @@ def _set_winsize(fd: int, cols: int, rows: int) -> None:
 
 
 class _Client:
-    __slots__ = ("conn", "inbox", "done", "since")
+    __slots__ = ("conn", "inbox", "done", "since", "pass_fd")
 
-    def __init__(self, conn: Any, inbox: bytes, since: int) -> None:
+    def __init__(self, conn: Any, inbox: bytes, since: int, pass_fd: bool = False) -> None:
         self.conn = conn
         self.inbox = inbox
         self.since = since
+        self.pass_fd = pass_fd
         self.done = Event()
 
 
@@ -200,9 +201,9 @@ class Session:
 
     # -- called from request threads ---------------------------------------------------
 
-    def join(self, conn: Any, inbox: bytes, since: int) -> None:
+    def join(self, conn: Any, inbox: bytes, since: int, pass_fd: bool = False) -> None:
         """Hand `conn` to the session's thread and wait until it is done with it."""
-        client = _Client(conn, inbox, since)
+        client = _Client(conn, inbox, since, pass_fd)
         conn.settimeout(SEND_TIMEOUT_S)
         with self.lock:
             if self.result is not None:
@@ -235,8 +236,12 @@ class Session:
         """The reply line, the buffered output from `since`, and the end if it ended."""
         first = self.ring[0][0] if self.ring else self.offset
         start = max(since, first)
-        head = {"ok": True, **self.info(), "from": start}
-        parts = [json_dumps(head).encode() + b"\n"]
+        # A terminal's client may take the PTY master along (SCM_RIGHTS) to write its input
+        # straight to it: keystrokes skip this thread, output still comes from here.
+        master = self.master if client.pass_fd and self.result is None else -1
+        head = {"ok": True, **self.info(), "from": start, "fd": master >= 0}
+        line = json_dumps(head).encode() + b"\n"
+        parts = []
         for offset, kind, data in self.ring:
             if offset + len(data) <= start:
                 continue
@@ -244,7 +249,11 @@ class Session:
         if self.result is not None:
             parts.append(frame(b"X", json_dumps(self.result).encode()))
         try:
-            client.conn.sendall(b"".join(parts))
+            if master >= 0:
+                fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, master.to_bytes(4, sys.byteorder))]
+                sent = client.conn.sendmsg([line], fds)
+                line = line[sent:]
+            client.conn.sendall(line + b"".join(parts))
         except OSError:
             pass
         if self.result is not None:
@@ -550,7 +559,8 @@ def op_session_open(conn: socket.socket, req: dict) -> None:
 
 def op_session_attach(conn: socket.socket, req: dict) -> None:
     session = _get(req)
-    session.join(conn, _prefix(conn), max(0, int(req.get("since", 0))))
+    since = max(0, int(req.get("since", 0)))
+    session.join(conn, _prefix(conn), since, bool(req.get("pass_fd")) and session.kind == "pty")
 
 
 def op_session_list(conn: socket.socket, req: dict) -> None:
