@@ -296,3 +296,28 @@ def test_settings_size_the_pool_and_reset_closes_it(settings):
         assert get_provider("docker").pool is None  # type: ignore[attr-defined]
     finally:
         reset_providers()
+
+
+def test_engine_placement_does_not_count_idle_pool_containers():
+    from sandboxes.providers.docker.engines import DockerEngines, parse_engines
+
+    image = docker_provider_or_skip().image
+    installation = "pytest-pool-" + uuid.uuid4().hex[:8]
+    engines = DockerEngines(
+        parse_engines("", "unix:///var/run/docker.sock"),
+        image=image,
+        installation=installation,
+        pool_size=2,
+    )
+    provider = engines.providers[engines.first]
+    try:
+        handle = engines.create(SandboxSpec(sandbox_id=new_id()))
+        assert provider.pool is not None and provider.pool.wait_full(FILL_S)
+        (status,) = engines.engine_statuses()
+        assert status.sandboxes == 1  # the claimed one (or a cold one), not the 2 idle
+        assert status.memory_reserved_mb == Resources().memory_mb
+        engines.destroy(handle.provider_id)
+        (status,) = engines.engine_statuses()
+        assert status.sandboxes == 0
+    finally:
+        engines.close()

@@ -51,6 +51,7 @@ from sandboxes.providers.base import (
     SandboxStats,
 )
 
+from .claims import unclaimed
 from .engine_config import (
     DEFAULT_ENGINE,
     DOWN_RETRY_S,
@@ -257,6 +258,14 @@ class DockerEngines(RoutedOperations):
         with self._lock:
             self._down.pop(engine, None)
         memory_total_mb, runtimes = self._info.get(engine, (0, ()))
+        # A warm pool's idle containers (pool.py) are not sandboxes: neither cap nor plan.
+        rows = [
+            row
+            for row in rows
+            if not unclaimed(
+                self._main, str((row.get("Names") or [""])[0]), row.get("Labels") or {}
+            )
+        ]
         reserved = 0
         for row in rows:
             try:
