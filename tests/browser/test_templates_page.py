@@ -10,13 +10,14 @@ import pytest
 
 from tests.browser.conftest import login
 from tests.docker_support import docker_provider_or_skip
-from tests.requirements import jail_root
+from tests.requirements import JAIL_ROOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 SERVER_ENV = {
     "SANDPIT_TEMPLATE_BUILDER": "thread",
-    "SANDPIT_TEMPLATE_ROOT": str(jail_root("browser-templates")),
+    # made by the build (passable: JAIL_ROOTS is o+x); the template's deletion empties it
+    "SANDPIT_TEMPLATE_ROOT": str(JAIL_ROOTS / "browser-templates"),
 }
 
 
