@@ -37,10 +37,13 @@ class OutboundConsumer(AsyncWebsocketConsumer):
         if not hasattr(self, "_out"):
             return
         if isinstance(item, bytes):
-            if self._out and isinstance(self._out[-1], bytes):
-                self._out[-1] += item
+            # Output that arrives while a send is under way joins one frame; a bytearray
+            # grows in place (bytes += would copy everything queued on every append).
+            last = self._out[-1] if self._out else None
+            if isinstance(last, bytearray):
+                last += item
             else:
-                self._out.append(item)
+                self._out.append(bytearray(item))
             self._out_bytes += len(item)
             if self._out_bytes > MAX_SLOW_CLIENT_BYTES:
                 self._out.clear()
@@ -61,9 +64,9 @@ class OutboundConsumer(AsyncWebsocketConsumer):
                 self._out_wakeup = None
                 continue
             item = self._out.popleft()
-            if isinstance(item, bytes):
+            if isinstance(item, bytearray):
                 self._out_bytes -= len(item)
-                await self.send(bytes_data=item)
+                await self.send(bytes_data=bytes(item))
             elif isinstance(item, tuple) and item and item[0] is CLOSE:
                 await self.close(code=item[1])
                 return
