@@ -321,3 +321,34 @@ def test_engine_placement_does_not_count_idle_pool_containers():
         assert status.sandboxes == 0
     finally:
         engines.close()
+
+
+EXITING_SERVER = """
+import json, sys
+from sandboxes.providers.docker import DockerProvider
+provider = DockerProvider(image=sys.argv[1], installation=sys.argv[2], pool_size=2)
+assert provider.pool.wait_full(60)
+print(json.dumps(provider.pool.idle_ids()), flush=True)
+"""
+
+
+def test_a_server_that_exits_removes_its_pool():
+    image = docker_provider_or_skip().image
+    installation = "pytest-pool-" + uuid.uuid4().hex[:8]
+    server = subprocess.run(
+        [sys.executable, "-c", EXITING_SERVER, image, installation],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    left = json.loads(server.stdout.splitlines()[0])
+    viewer = DockerProvider(image=image, installation=installation)
+    try:
+        assert server.returncode == 0 and len(left) == 2
+        for cid in left:
+            with pytest.raises(SandboxGone):
+                viewer._inspect(cid)
+    finally:
+        for cid in left:
+            viewer.destroy(cid)

@@ -258,9 +258,13 @@ class DockerPool:
             idle, self._idle = self._idle, []
             threads = list(self._threads)
             self._cond.notify_all()
-        if idle:  # in parallel: a large pool must go within a server's stop timeout
-            with ThreadPoolExecutor(min(len(idle), CLOSE_PARALLEL)) as removing:
-                list(removing.map(self._destroy_quietly, [warm.cid for warm in idle]))
+        cids = [warm.cid for warm in idle]
+        try:  # in parallel: a large pool must go within a server's stop timeout
+            with ThreadPoolExecutor(max(1, min(len(cids), CLOSE_PARALLEL))) as removing:
+                list(removing.map(self._destroy_quietly, cids))
+        except RuntimeError:  # at exit no new executor threads start: one by one
+            for cid in cids:
+                self._destroy_quietly(cid)
         for thread in threads if wait else []:
             if thread is not threading.current_thread():
                 thread.join(CLOSE_WAIT_S)
