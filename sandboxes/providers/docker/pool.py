@@ -262,11 +262,28 @@ class DockerPool:
         try:  # in parallel: a large pool must go within a server's stop timeout
             with ThreadPoolExecutor(max(1, min(len(cids), CLOSE_PARALLEL))) as removing:
                 list(removing.map(self._destroy_quietly, cids))
-        except RuntimeError:  # at exit no new executor threads start: one by one
-            for cid in cids:
-                self._destroy_quietly(cid)
+        except RuntimeError:  # at exit executors refuse work: plain threads, else in turn
+            self._remove_at_exit(cids)
         for thread in threads if wait else []:
             if thread is not threading.current_thread():
+                thread.join(CLOSE_WAIT_S)
+
+    def _destroy_all(self, cids: list[str]) -> None:
+        for cid in cids:
+            self._destroy_quietly(cid)
+
+    def _remove_at_exit(self, cids: list[str]) -> None:
+        chunks = [cids[i::CLOSE_PARALLEL] for i in range(min(len(cids), CLOSE_PARALLEL))]
+        threads = []
+        for chunk in chunks:
+            thread = threading.Thread(target=self._destroy_all, args=(chunk,))
+            try:
+                thread.start()
+            except RuntimeError:  # no threads either: this one removes the chunk
+                thread.run()
+            threads.append(thread)
+        for thread in threads:
+            if thread.ident is not None:
                 thread.join(CLOSE_WAIT_S)
 
     # -- claiming ----------------------------------------------------------------------------
