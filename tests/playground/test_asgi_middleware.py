@@ -9,7 +9,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.checks.security import base as security_checks
 from django.core.checks.security import csrf as csrf_checks
-from django.test import AsyncClient, override_settings
+from django.http import HttpRequest, HttpResponse
+from django.middleware import csrf
+from django.test import AsyncClient, RequestFactory, override_settings
+
+from playground.middleware import SAFE_METHODS, CsrfViewMiddleware
 
 pytestmark = pytest.mark.django_db
 
@@ -72,3 +76,50 @@ def test_deploy_checks_still_see_the_subclassed_middleware():  # type: ignore[no
         assert [w.id for w in security_checks.check_xframe_deny(None)] == ["security.W019"]
     with override_settings(CSRF_COOKIE_SECURE=False):
         assert [w.id for w in csrf_checks.check_csrf_cookie_secure(None)] == ["security.W016"]
+
+
+def _view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+async def _async_get_response(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+@pytest.mark.parametrize("method", [*SAFE_METHODS, "POST"])
+def test_our_csrf_view_check_treats_safe_methods_exactly_as_djangos(method: str) -> None:
+    # Ours accepts a safe method inline, without Django's private _accept; this fails if
+    # Django's own process_view starts to treat a safe method (or an unsafe one) otherwise:
+    # a different result, or a different mark left on the request.
+    factory = RequestFactory()
+    theirs_request, ours_request = factory.generic(method, "/"), factory.generic(method, "/")
+    theirs = csrf.CsrfViewMiddleware(lambda request: HttpResponse())
+    ours = CsrfViewMiddleware(_async_get_response)
+    theirs.process_request(theirs_request)
+    ours.process_request(ours_request)
+
+    theirs_result = theirs.process_view(theirs_request, _view, (), {})
+    ours_result = async_to_sync(ours.process_view)(ours_request, _view, (), {})
+
+    if method in SAFE_METHODS:
+        assert theirs_result is None and ours_result is None
+    else:  # no token: both refuse
+        assert theirs_result is not None and ours_result is not None
+        assert theirs_result.status_code == ours_result.status_code == 403
+    assert vars(ours_request).keys() == vars(theirs_request).keys()
+    assert getattr(ours_request, "csrf_processing_done", None) == getattr(
+        theirs_request, "csrf_processing_done", None
+    )
+    assert ours_request.META.keys() == theirs_request.META.keys()
+
+
+def test_safe_methods_pass_and_an_unsafe_one_without_token_is_refused_through_the_chain(  # type: ignore[no-untyped-def]
+    alice, org_a, org_b
+):
+    client = AsyncClient(enforce_csrf_checks=True)
+    client.force_login(alice)
+    for method in ("get", "head", "options"):
+        assert async_to_sync(getattr(client, method))("/").status_code == 200
+    refused = async_to_sync(client.post)("/organizations/switch/", {"organization": org_b.pk})
+    assert refused.status_code == 403
+    assert async_to_sync(client.get)("/").status_code == 200
