@@ -7,6 +7,7 @@ from typing import Any
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,7 +17,7 @@ from playground.inputs import InputSerializer
 
 from . import services
 from .models import ApiKey, Invitation, Membership, Organization, Role
-from .permissions import HasOrganization, IsOrganizationManager, principal_of
+from .permissions import HasOrganization, IsOrganizationManager, manager_of, principal_of
 from .selectors import api_keys_for_org, invitation_get_for_org
 
 
@@ -145,7 +146,7 @@ class OrganizationApi(APIView):
                 )
             return attrs
 
-    def get_permissions(self):  # type: ignore[no-untyped-def]
+    def get_permissions(self) -> list[BasePermission]:
         if self.request.method == "PATCH":
             return [IsOrganizationManager()]
         return [HasOrganization()]
@@ -196,7 +197,7 @@ class MemberDetailApi(APIView):
         data = self.MemberUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         membership = services.membership_change_role(
-            actor=principal.user, membership=membership, role=data.validated_data["role"]
+            actor=manager_of(request), membership=membership, role=data.validated_data["role"]
         )
         return Response(MembershipOutput(membership).data)
 
@@ -205,7 +206,7 @@ class MemberDetailApi(APIView):
         membership = get_object_or_404(
             Membership, pk=member_id, organization=principal.organization
         )
-        services.membership_remove(actor=principal.user, membership=membership)
+        services.membership_remove(actor=manager_of(request), membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -239,7 +240,7 @@ class InvitationListApi(APIView):
         data.is_valid(raise_exception=True)
         principal = principal_of(request)
         issued = services.invitation_create(
-            actor=principal.user,
+            actor=manager_of(request),
             organization=principal.organization,
             base_url=_site(request),
             **data.validated_data,
@@ -271,7 +272,7 @@ class InvitationDetailApi(APIView):
         invitation = invitation_get_for_org(
             organization=principal.organization, invitation_id=invitation_id
         )
-        services.invitation_revoke(actor=principal.user, invitation=invitation)
+        services.invitation_revoke(actor=manager_of(request), invitation=invitation)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -287,6 +288,6 @@ class InvitationResendApi(APIView):
             organization=principal.organization, invitation_id=invitation_id
         )
         issued = services.invitation_resend(
-            actor=principal.user, invitation=invitation, base_url=_site(request)
+            actor=manager_of(request), invitation=invitation, base_url=_site(request)
         )
         return Response(_issued_body(request, issued))

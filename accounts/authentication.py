@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rest_framework import authentication, exceptions
 
@@ -23,6 +24,9 @@ from .tokens import (
     looks_like_jwt,
     sandbox_token_decode,
 )
+
+if TYPE_CHECKING:  # DRF's API settings import this module; only the type is needed
+    from rest_framework.request import Request
 
 MINTER_RECHECK_S = 3.0
 """How long a minter found active (or not) is believed without asking the database again:
@@ -68,7 +72,7 @@ class MachineUser:
         return self.pk
 
 
-def _bearer(request: object) -> str | None:
+def _bearer(request: Request) -> str | None:
     header = authentication.get_authorization_header(request).decode("latin-1")
     parts = header.split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
@@ -79,7 +83,7 @@ def _bearer(request: object) -> str | None:
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     """`Authorization: Bearer sp_...`. Unknown, revoked or expired keys get 401."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request: Request) -> tuple[object, Principal] | None:
         secret = _bearer(request)
         if secret is None or not secret.startswith(API_KEY_PREFIX):
             return None
@@ -89,7 +93,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         principal = Principal(organization=api_key.organization, api_key=api_key)
         return MachineUser(f"key:{api_key.pk}"), principal
 
-    def authenticate_header(self, request):  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
 
 
@@ -113,7 +117,7 @@ class SandboxTokenAuthentication(authentication.BaseAuthentication):
     place a REST token principal is made, so a new view cannot forget it: forgetting to list
     a method refuses tokens there."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request: Request) -> tuple[object, Principal] | None:
         token = _bearer(request)
         if token is None or not looks_like_jwt(token):
             return None
@@ -124,12 +128,12 @@ class SandboxTokenAuthentication(authentication.BaseAuthentication):
         sandbox_token_gate(
             principal.token,  # type: ignore[arg-type]
             view=context.get("view"),
-            method=request.method,
+            method=request.method or "",  # never None for a request a server parsed
             kwargs=context.get("kwargs") or {},
         )
         return MachineUser(f"token:{principal.token.token_id}"), principal  # type: ignore[union-attr]
 
-    def authenticate_header(self, request):  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
 
 
@@ -215,7 +219,7 @@ def principal_for_session_user(request: object) -> Principal | None:
 class SessionAuthentication(authentication.SessionAuthentication):
     """Browser session (with CSRF), resolved to the session's current organization."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request: Request) -> tuple[object, Principal | None] | None:
         result = super().authenticate(request)
         if result is None:
             return None

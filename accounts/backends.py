@@ -16,7 +16,7 @@ from . import attempts
 
 
 class ThrottledModelBackend(ModelBackend):
-    def authenticate(  # type: ignore[override]
+    def authenticate(
         self,
         request: HttpRequest | None,
         username: str | None = None,

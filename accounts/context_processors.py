@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django.http import HttpRequest
+
 from .selectors import current_organization_for_session, organizations_for_user
 
 
-def current_organization(request):  # type: ignore[no-untyped-def]
+def current_organization(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}

@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework.permissions import BasePermission
 
 from .authentication import Principal
+from .models import User
+
+if TYPE_CHECKING:  # rest_framework.views reads DEFAULT_PERMISSION_CLASSES, i.e. this module
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 
 def principal_of(request: object) -> Principal:
@@ -11,12 +18,28 @@ def principal_of(request: object) -> Principal:
     return auth
 
 
+def manager_of(request: object) -> User:
+    """The person behind a request IsOrganizationManager let through: it refuses API keys and
+    sandbox tokens (no user), so a signed-in owner or admin."""
+    user = principal_of(request).user
+    assert user is not None
+    return user
+
+
+def signed_in_user(request: object) -> User:
+    """The signed-in user behind a request a login check let through (login_required,
+    IsStaffUser, the admin site)."""
+    user = getattr(request, "user", None)
+    assert isinstance(user, User)
+    return user
+
+
 class HasOrganization(BasePermission):
     """Authenticated and resolved to an organization."""
 
     message = "Authentication credentials were not provided."
 
-    def has_permission(self, request, view):  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         return isinstance(getattr(request, "auth", None), Principal)
 
 
@@ -36,7 +59,7 @@ class IsOrganizationManager(BasePermission):
         "(the Team and Billing pages), or through the API with that browser session."
     )
 
-    def has_permission(self, request, view):  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         auth = getattr(request, "auth", None)
         if isinstance(auth, Principal) and auth.user is None:
             self.message = self.machine_message

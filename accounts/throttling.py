@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from .authentication import Principal
+
+if TYPE_CHECKING:  # rest_framework.views reads the throttle setting, i.e. this module
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
 
 # KEYS: current window, previous window. ARGV: limit, window seconds, fraction of the current
 # window elapsed. Returns {1 if allowed (and counted) else 0, current count, previous count}.
@@ -66,8 +70,13 @@ class PerKeyRateThrottle(SimpleRateThrottle):
     """One bucket per API key, sandbox token or user; anonymous callers per IP."""
 
     scope = "per_key"
+    # Set by SimpleRateThrottle.__init__ from the rate (the stubs leave them out); read only
+    # when a rate is configured, so ints.
+    num_requests: int
+    duration: int
+    _wait: float
 
-    def get_cache_key(self, request, view):  # type: ignore[no-untyped-def]
+    def get_cache_key(self, request: Request, view: APIView) -> str | None:
         auth = getattr(request, "auth", None)
         if isinstance(auth, Principal):
             if auth.api_key is not None:
@@ -80,7 +89,7 @@ class PerKeyRateThrottle(SimpleRateThrottle):
             ident = f"ip:{self.get_ident(request)}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
-    def allow_request(self, request, view):  # type: ignore[no-untyped-def]
+    def allow_request(self, request: Request, view: APIView) -> bool:
         url = settings.REDIS_URL
         if not url or self.rate is None:
             return super().allow_request(request, view)
@@ -103,7 +112,7 @@ class PerKeyRateThrottle(SimpleRateThrottle):
         )
         return False
 
-    def wait(self):  # type: ignore[no-untyped-def]
+    def wait(self) -> float | None:
         if getattr(self, "_wait", None) is not None:
             return self._wait
         return super().wait()

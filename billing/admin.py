@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from accounts.permissions import signed_in_user
 from playground.errors import ApplicationError
 
 from . import services
@@ -132,8 +135,8 @@ class InvoiceAdmin(admin.ModelAdmin):
             queryset,
             lambda inv: services.invoice_mark_paid(
                 invoice=inv,
-                recorded_by=request.user,
-                reference="admin",  # type: ignore[arg-type]
+                recorded_by=signed_in_user(request),
+                reference="admin",
             ),
             "paid",
         )
@@ -142,7 +145,13 @@ class InvoiceAdmin(admin.ModelAdmin):
     def void(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
         self._each(request, queryset, lambda inv: services.invoice_void(invoice=inv), "voided")
 
-    def _each(self, request: HttpRequest, queryset: QuerySet[Invoice], action, verb: str) -> None:  # type: ignore[no-untyped-def]
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Invoice],
+        action: Callable[[Invoice], object],
+        verb: str,
+    ) -> None:
         done = 0
         for invoice in queryset:
             try:

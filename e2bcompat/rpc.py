@@ -68,7 +68,8 @@ def rate_limit_wait(principal: Principal) -> float | None:
     """Count one request in the caller's bucket, the one Sandpit's REST API (and E2B's
     control plane) counts in; None when allowed, else the seconds to wait."""
     throttle = PerKeyRateThrottle()
-    if throttle.allow_request(_RpcRequest(principal), None):
+    # No DRF request or view here: the throttle reads only .auth and .META (see _RpcRequest).
+    if throttle.allow_request(_RpcRequest(principal), None):  # type: ignore[arg-type]
         return None
     return float(throttle.wait() or 0)
 

@@ -17,7 +17,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
+from django.http.request import split_domain_port, validate_host  # noqa: E402
+from django.utils.http import is_same_domain  # noqa: E402
 
 from e2bcompat.asgi import E2BRouter  # noqa: E402
 from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
@@ -151,7 +152,8 @@ class BrowserOriginValidator:
         elif origin_allowed(scope, origin):
             await self.application(scope, receive, send)
         else:
-            await WebsocketDenier()(scope, receive, send)
+            # Channels types a scope as its own TypedDict; ASGI hands us a plain dict.
+            await WebsocketDenier()(scope, receive, send)  # type: ignore[arg-type]
 
 
 def origin_checked(app: Any) -> Any:
@@ -178,7 +180,8 @@ class PreviewHostSockets:
         if not isinstance(target, tuple) or (
             origin is not None and _parse_origin(origin) not in server_origins(scope)
         ):
-            await WebsocketDenier()(scope, receive, send)
+            # Channels types a scope as its own TypedDict; ASGI hands us a plain dict.
+            await WebsocketDenier()(scope, receive, send)  # type: ignore[arg-type]
             return
         await self.preview({**scope, HOST_TARGET: target}, receive, send)
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 
-def _timed(check) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _timed(check: Callable[[], object]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         detail = check()
@@ -34,6 +35,8 @@ def _check_database() -> str:
 
 def _check_channel_layer() -> str:
     layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("no channel layer is configured (CHANNEL_LAYERS)")
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.send)(channel, {"type": "health.ping"})
     message = async_to_sync(layer.receive)(channel)
@@ -76,12 +79,12 @@ def docker_engine_report() -> dict[str, Any]:
 
 
 @require_GET
-def live(request):  # type: ignore[no-untyped-def]
+def live(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
 @require_GET
-def ready(request):  # type: ignore[no-untyped-def]
+def ready(request: HttpRequest) -> JsonResponse:
     components = {
         "database": _timed(_check_database),
         "channel_layer": _timed(_check_channel_layer),

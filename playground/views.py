@@ -4,6 +4,8 @@ the pages' JavaScript then talks to the REST API with the session."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -13,11 +15,12 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from accounts.authentication import principal_for_session_user
+from accounts.authentication import Principal, principal_for_session_user
 from accounts.selectors import current_organization_for_session, organization_manager_emails
 from billing import pricing
 from playground.errors import NotFound
 from sandboxes import services as sandbox_services
+from sandboxes.models import Sandbox
 from sandboxes.selectors import sandbox_get_for_principal
 from sandboxes.serializers import SandboxOutput, file_entry_data
 
@@ -28,7 +31,7 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_MS = 5000
 
 
-def plan_offer(principal) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def plan_offer(principal: Principal) -> dict[str, object]:
     """What a page shows where the plan blocks a feature: managers get an upgrade button with
     the price, members the names of whom to ask. Prices come from billing/pricing.py."""
     return {
@@ -43,7 +46,7 @@ def plan_offer(principal) -> dict[str, object]:  # type: ignore[no-untyped-def]
     }
 
 
-def _initial_listing(sandbox) -> list[dict[str, object]] | None:  # type: ignore[no-untyped-def]
+def _initial_listing(sandbox: Sandbox) -> list[dict[str, object]] | None:
     """The workspace's top level, rendered with the page: the page's own first look at the
     files is part of opening it, not an operation the person asked for, so it is not metered
     (the explorer lists through the API only when someone refreshes or opens a folder)."""
@@ -68,11 +71,11 @@ def _ws_route_exists(suffix: str) -> bool:
     )
 
 
-def staff_required(view):  # type: ignore[no-untyped-def]
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Signed-in staff only: anonymous users go to the login page, others get a 403."""
 
     @login_required
-    def wrapped(request: HttpRequest, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_staff:
             raise PermissionDenied("Only Sandpit staff can see this page.")
         return view(request, *args, **kwargs)

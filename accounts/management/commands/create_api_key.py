@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import Organization
 from accounts.services import api_key_create
@@ -9,11 +11,11 @@ from accounts.services import api_key_create
 class Command(BaseCommand):
     help = "Create an API key for an organization and print its secret on stdout."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("org_slug")
         parser.add_argument("name")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, **options: Any) -> None:
         organization = Organization.objects.filter(slug=options["org_slug"]).first()
         if organization is None:
             raise CommandError(f"No organization with slug '{options['org_slug']}'.")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
@@ -22,7 +24,7 @@ def local_url() -> str:
 class Command(BaseCommand):
     help = "Make sure the demo organization and user exist, and print their credentials."
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, **options: Any) -> None:
         email = settings.SANDPIT_DEMO_EMAIL
         password = settings.SANDPIT_DEMO_PASSWORD
         user = User.objects.filter(email=email).first()
