@@ -188,7 +188,7 @@ def sandbox_run_code(
     with metered(caller, feature="exec", operation="code", scope="exec"):
         _require_running(sandbox)
         provider = provider_for(sandbox)
-        require_capability(provider, Capability.RUN_CODE)
+        require_capability(provider, Capability.EXEC)  # code runs are built on exec
 
         def exec_(request: ExecRequest) -> ExecResult:
             result: ExecResult = _call(sandbox, provider.exec, sandbox.provider_id, request)

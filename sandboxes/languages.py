@@ -2,8 +2,8 @@
 
 Detection (which language a snippet is in) lives in sandboxes/language_detection.py.
 Everything that turns a language name into argv reads it from here: `/code` and `/run`
-(sandboxes/code_runs.py), streamed runs (sandboxes/streaming.py), the providers' own
-`run_code`, the language list of a sandbox and the template builder's probe.
+(sandboxes/code_runs.py, over a provider's exec: providers have no `run_code` of their
+own), streamed runs (sandboxes/streaming.py), the language list of a sandbox and the template builder's probe.
 
 A language has one or more toolchains, in order of preference; a sandbox runs the first
 whose binaries it has. A toolchain either takes the code as one argument (`inline`, the
@@ -314,20 +314,6 @@ def languages_in(has_binary: Callable[[str], bool]) -> list[str]:
         return cache[binary]
 
     return [language.name for language in LANGUAGES if language.toolchain(known) is not None]
-
-
-def inline_runners() -> dict[str, tuple[list[str], list[str], str]]:
-    """Language -> (argv before inline code, argv before a code file, the file's suffix) for
-    the languages with a single inline-capable toolchain: what a provider's own `run_code`
-    runs without a build directory."""
-    runners = {}
-    for language in LANGUAGES:
-        if len(language.toolchains) != 1 or not language.toolchains[0].inline:
-            continue
-        toolchain = language.toolchains[0]
-        from_file = [a for a in toolchain.run if a != "{src}"]
-        runners[language.name] = (list(toolchain.inline), from_file, "." + language.extensions[0])
-    return runners
 
 
 # --- probes -----------------------------------------------------------------------------------

@@ -775,9 +775,12 @@ def providers_describe(organization: Organization) -> list[dict[str, Any]]:
             provider = get_provider(name)
             health = provider.health()
             runtime = organization.docker_runtime if provider.name == "docker" else ""
+            names = {c.value for c in provider.capabilities}
+            if Capability.EXEC in provider.capabilities:  # code_services builds /code on exec
+                names.add("run_code")
             entry.update(
                 isolation=provider_isolation(provider, runtime),
-                capabilities=sorted(c.value for c in provider.capabilities),
+                capabilities=sorted(names),
                 health={
                     "ok": health.ok,
                     "detail": health.detail,

@@ -121,7 +121,6 @@ class Capability(enum.StrEnum):
     """Operations a provider may or may not support; missing ones answer 501."""
 
     EXEC = "exec"
-    RUN_CODE = "run_code"
     FILES = "files"
     PROCESSES = "processes"
     STATS = "stats"
@@ -443,19 +442,6 @@ class SandboxProvider(Protocol):
 
     # execution
     def exec(self, provider_id: str, request: ExecRequest) -> ExecResult: ...
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """`language` is one of sandboxes.languages.inline_runners() (already resolved);
-        others raise InvalidRequest. Services run every language of the table through exec
-        (sandboxes/code_runs.py)."""
-        ...
 
     # files (paths relative to the workspace, or absolute inside it)
     def read_file(

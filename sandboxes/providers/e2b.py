@@ -65,7 +65,6 @@ from .base import (
 from .cloud.common import (
     WorkspacePaths,
     check_env,
-    code_request,
     command_line,
     exit_code_from,
     import_sdk,
@@ -547,17 +546,6 @@ class E2BProvider:
             self._helper(provider_id, _KILL_TREE.replace("{pid}", str(int(pid))))
         with contextlib.suppress(ProviderError), self._translate(provider_id):
             sandbox.commands.kill(pid)
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """python3 -c / node -e / bash -c through exec (E2B's base template has all three)."""
-        return self.exec(provider_id, code_request(code, language, timeout_s, stdin))
 
     # -- files ----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The provider contract against the shared shell layer (cloud/shell.py) on a local `sh`.
 
-Modal, Daytona, Runloop, Vercel and Blaxel build exec, run_code and files on this layer;
+Modal, Daytona, Runloop, Vercel and Blaxel build exec and files on this layer;
 their own SDK calls (`_shell` and lifecycle) cannot run here. The contract's tests of
 capabilities the layer does not declare (processes, terminals, ports, watch, stats) are
 replaced below by checks that it refuses them.
@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from sandboxes.code_runs import INLINE_CODE_BYTES
 from sandboxes.providers.base import CapabilityNotSupported, ExecRequest, SandboxSpec
 from tests.requirements import missing_part
 from tests.sandboxes import test_provider_contract as contract
@@ -103,3 +104,12 @@ def test_open_ports_and_connect_port(provider, sandbox):  # type: ignore[no-unty
 def test_watch_reports_created_file(provider, sandbox):  # type: ignore[no-untyped-def]
     with pytest.raises(CapabilityNotSupported):
         provider.watch(sandbox, "")
+
+
+def test_run_code_long_python_goes_through_a_file(provider, sandbox):  # type: ignore[no-untyped-def]
+    """The stand-in's `_shell` hands the whole script to `sh` as one argument (at most 128 KiB,
+    stdin base64-encoded inside it), so code past the inline limit cannot reach it here; the
+    cloud SDKs send the script over HTTP. The longest inline snippet runs."""
+    code = "x = 1\n" + "#" * (INLINE_CODE_BYTES - 100) + "\nprint(x + 1)"
+    result = contract.run_code(provider, sandbox, code, "python")
+    assert (result.exit_code, result.stdout) == (0, b"2\n"), result.stderr

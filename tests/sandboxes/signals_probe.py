@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandboxes.providers.base import ExecRequest, PtySession, SandboxSpec
 from sandboxes.providers.local import LocalProvider
+from tests.sandboxes.snippets import run_code
 
 SIG_LINES = "grep -E '^Sig(Ign|Blk):' /proc/self/status"
 
@@ -58,7 +59,7 @@ def main() -> None:
             run(sandbox, ExecRequest(command=SIG_LINES, cwd="/tmp")).stdout.decode()
         )
         # Python ignores SIGPIPE and SIGXFSZ itself, so the code probe is a shell.
-        report["code"] = _parse(provider.run_code(sandbox, SIG_LINES, "bash").stdout.decode())
+        report["code"] = _parse(run_code(provider, sandbox, SIG_LINES, "bash").stdout.decode())
         provider.start_process(sandbox, "sh", ["-c", f"{SIG_LINES} > /workspace/bg.txt"])
         deadline = time.monotonic() + 10
         while not provider.exists(sandbox, "bg.txt") and time.monotonic() < deadline:

@@ -37,6 +37,7 @@ from tests.docker_support import (
     docker_provider_or_skip,
     docker_runsc_provider_or_skip,
 )
+from tests.sandboxes.snippets import run_code
 
 pytestmark = pytest.mark.docker
 
@@ -160,7 +161,7 @@ def test_cannot_reach_a_server_on_the_host(docker_provider, make_sandbox):
             "    except OSError as e:\n"
             "        print('blocked', host, e)\n"
         )
-        result = docker_provider.run_code(sandbox, probe, "python")
+        result = run_code(docker_provider, sandbox, probe, "python")
         assert b"reached" not in result.stdout, result.stdout
         assert result.stdout.count(b"blocked") == 3
         assert (
@@ -203,7 +204,7 @@ def test_networked_sandbox_reaches_a_server_on_the_bridge(docker_provider, make_
             "s.sendall(b'ping')\n"
             "print(s.recv(4).decode())\n"
         )
-        result = docker_provider.run_code(sandbox, probe, "python")
+        result = run_code(docker_provider, sandbox, probe, "python")
         assert result.stdout == b"pong\n", result
         thread.join(timeout=10)
         assert got == [b"ping"]
@@ -246,7 +247,8 @@ def test_fork_bomb_is_contained(docker_provider, make_sandbox):
 def test_memory_bomb_is_contained(docker_provider, make_sandbox):
     sandbox = make_sandbox(resources=Resources(memory_mb=96))
     try:
-        result = docker_provider.run_code(
+        result = run_code(
+            docker_provider,
             sandbox,
             "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n",
             "python",
@@ -405,7 +407,7 @@ def test_duplicate_sandbox_id_is_refused(docker_provider):
 def test_long_code_goes_through_stdin_and_keeps_user_stdin(docker_provider, make_sandbox):
     sandbox = make_sandbox()
     code = "# " + "x" * 200_000 + "\nimport sys\nprint(sys.stdin.read().upper())\n"
-    result = docker_provider.run_code(sandbox, code, "python", stdin=b"shout")
+    result = run_code(docker_provider, sandbox, code, "python", stdin=b"shout")
     assert result.exit_code == 0, result.stderr
     assert result.stdout == b"SHOUT\n"
 

@@ -173,13 +173,6 @@ def test_rootfs_probe_resolves_links_inside_the_root(tmp_path: Path) -> None:
     assert table.languages_in_rootfs(root) == ["python", "java"]
 
 
-def test_inline_runners_are_the_single_toolchain_interpreters() -> None:
-    runners = table.inline_runners()
-    assert runners["python"] == (["python3", "-u", "-c"], ["python3", "-u"], ".py")
-    assert runners["bash"][0] == ["bash", "-c"]
-    assert not {"c", "go", "java", "typescript", "lua"} & set(runners)
-
-
 def test_java_class_name() -> None:
     assert java_class("public class Solution {\n public static void main(String[] a){}\n}") == (
         "Solution"

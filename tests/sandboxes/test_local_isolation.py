@@ -36,6 +36,7 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import LocalProvider, net
 from tests.requirements import jail_root, missing_part
+from tests.sandboxes.snippets import run_code
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +115,7 @@ def test_loopback_server_on_the_host_is_unreachable(local_provider, make_sandbox
             "except OSError as e:\n"
             "    print('refused', e)\n"
         )
-        result = local_provider.run_code(sandbox, code, "python")
+        result = run_code(local_provider, sandbox, code, "python")
         assert result.stdout.startswith(b"refused"), result.stdout
         outside = sh(
             local_provider,
@@ -169,7 +170,8 @@ def test_fork_bomb_is_contained(local_provider, make_sandbox):
         make_sandbox,
         # Every copy keeps forking and survives failed forks, so the command stays in
         # the foreground until the timeout reaps the whole tree.
-        lambda: local_provider.run_code(
+        lambda: run_code(
+            local_provider,
             victim,
             "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
             "python",
@@ -188,7 +190,7 @@ def test_memory_bomb_is_killed(local_provider, make_sandbox):
     result = _other_sandbox_answers_during(
         local_provider,
         make_sandbox,
-        lambda: local_provider.run_code(victim, code, "python", timeout_s=60),
+        lambda: run_code(local_provider, victim, code, "python", timeout_s=60),
     )
     assert result.exit_code == -9
     assert result.oom_killed
@@ -349,7 +351,7 @@ def _connect_from(local_provider, sandbox: str, hosts: list[str], port: int) -> 
         "        out[host] = repr(e)\n"
         "print(json.dumps(out))\n"
     )
-    result = local_provider.run_code(sandbox, code, "python", timeout_s=60)
+    result = run_code(local_provider, sandbox, code, "python", timeout_s=60)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -424,7 +426,7 @@ def test_many_small_files_stop_at_disk_mb_off_the_host_disk(local_provider, make
     assert os.stat(workspace).st_dev != os.stat(root).st_dev
     assert f" {root / sandbox}/" in _mounts()
 
-    result = local_provider.run_code(sandbox, _FILL, "python", timeout_s=60)
+    result = run_code(local_provider, sandbox, _FILL, "python", timeout_s=60)
     assert result.exit_code == 1, result.stderr
     count, err = result.stdout.split()
     assert err == b"ENOSPC"
@@ -432,8 +434,9 @@ def test_many_small_files_stop_at_disk_mb_off_the_host_disk(local_provider, make
     assert sh(local_provider, sandbox, "echo more > /tmp/more").exit_code != 0
     with pytest.raises(ResourceExhausted):
         local_provider.write_file(sandbox, "host-side.bin", b"y" * (2 * 1024 * 1024))
-    with pytest.raises(ResourceExhausted):  # long code goes through a file in /tmp
-        local_provider.run_code(sandbox, "#" * 2_000_000, "python")
+    # long code goes through a file in /tmp (sandboxes/code_runs.py's write step)
+    with pytest.raises(ProviderError, match="Could not write the code file"):
+        run_code(local_provider, sandbox, "#" * 2_000_000, "python")
     assert local_provider.stats(sandbox).disk_bytes >= 14 * 1024 * 1024
 
     host_after = os.statvfs(root)

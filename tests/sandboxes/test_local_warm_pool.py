@@ -32,6 +32,7 @@ from sandboxes.providers.base import (
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local.pool import PREFIX
 from tests.requirements import jail_root, missing_part
+from tests.sandboxes.snippets import run_code
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
@@ -118,7 +119,7 @@ def test_claimed_jail_runs_commands_files_and_processes(warm_provider, make_warm
     assert {e.name for e in warm_provider.list_files(sandbox, ".")} >= {"dir", "b.txt"}
     proc = warm_provider.start_process(sandbox, "sleep", args=["1000"])
     assert proc.pid in {p.pid for p in warm_provider.list_processes(sandbox) if p.running}
-    assert warm_provider.run_code(sandbox, "print(6 * 7)", "python").stdout == b"42\n"
+    assert run_code(warm_provider, sandbox, "print(6 * 7)", "python").stdout == b"42\n"
 
 
 def test_spec_env_reaches_exec_processes_and_terminals(warm_provider, make_warm):
@@ -178,7 +179,7 @@ def test_claim_applies_the_specs_resources(warm_provider, make_warm):
 def test_memory_bomb_in_a_claimed_jail_is_killed(warm_provider, make_warm):
     sandbox = make_warm(resources=Resources(memory_mb=64))
     code = "chunks = []\nwhile True:\n    chunks.append(b'x' * 20_000_000)\n"
-    result = warm_provider.run_code(sandbox, code, "python", timeout_s=60)
+    result = run_code(warm_provider, sandbox, code, "python", timeout_s=60)
     assert result.exit_code == -9
     assert result.oom_killed
     assert not result.timed_out

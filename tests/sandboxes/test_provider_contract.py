@@ -21,7 +21,6 @@ from sandboxes.providers.base import (
     ExecRequest,
     FileEvent,
     FileNotFound,
-    InvalidRequest,
     PathNotAllowed,
     PtySession,
     SandboxGone,
@@ -29,6 +28,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
+from tests.sandboxes.snippets import run_code
 
 T = TypeVar("T")
 DEADLINE_S = 20.0
@@ -133,7 +133,8 @@ def test_exec_output_is_truncated_with_flag(provider, sandbox):
 
 
 # ---------------------------------------------------------------------------
-# run_code
+# run_code: not a provider method; the services build it from the language table over exec
+# (sandboxes/code_runs.py). These prove every provider's exec carries it.
 # ---------------------------------------------------------------------------
 
 
@@ -146,22 +147,23 @@ def test_exec_output_is_truncated_with_flag(provider, sandbox):
     ],
 )
 def test_run_code_languages(provider, sandbox, language, code):
-    needs(provider, Capability.RUN_CODE)
-    result = provider.run_code(sandbox, code, language)
+    needs(provider, Capability.EXEC)
+    result = run_code(provider, sandbox, code, language)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == b"10"
 
 
 def test_run_code_python_reads_stdin(provider, sandbox):
-    needs(provider, Capability.RUN_CODE)
-    result = provider.run_code(sandbox, "print(input()[::-1])", "python", stdin=b"abc\n")
+    needs(provider, Capability.EXEC)
+    result = run_code(provider, sandbox, "print(input()[::-1])", "python", stdin=b"abc\n")
     assert result.stdout == b"cba\n"
 
 
-def test_run_code_unknown_language_is_invalid(provider, sandbox):
-    needs(provider, Capability.RUN_CODE)
-    with pytest.raises(InvalidRequest):
-        provider.run_code(sandbox, "DISPLAY 1", "cobol")
+def test_run_code_long_python_goes_through_a_file(provider, sandbox):
+    needs(provider, Capability.EXEC)
+    code = "x = 1\n" + "#" * 120_000 + "\nprint(x + 1)"  # beyond one argument's limit
+    result = run_code(provider, sandbox, code, "python")
+    assert (result.exit_code, result.stdout) == (0, b"2\n"), result.stderr
 
 
 # ---------------------------------------------------------------------------

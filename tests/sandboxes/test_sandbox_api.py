@@ -344,6 +344,7 @@ def test_providers_lists_capabilities_and_health(api_a, local_sandboxes):
     providers = api_a.get("/api/v1/providers").json()["results"]
     local = next(p for p in providers if p["name"] == "local")
     assert local["health"]["ok"] is True and "exec" in local["capabilities"]
+    assert "run_code" in local["capabilities"]  # built on exec by the services
     assert local["limits"]["max_command_timeout_s"] > 0
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from types import ModuleType
 
-from sandboxes.languages import inline_runners
 from sandboxes.providers.base import (
     CapabilityNotSupported,
     ExecRequest,
@@ -112,19 +111,6 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
         if not key or "=" in key or "\x00" in key or "\x00" in value:
             raise InvalidRequest(f"Invalid environment variable name or value: {key!r}")
     return dict(env)
-
-
-LANGUAGE_ARGV = {name: inline for name, (inline, _, _) in inline_runners().items()}
-
-
-def code_request(code: str, language: str, timeout_s: float, stdin: bytes | None) -> ExecRequest:
-    """run_code as one exec; InvalidRequest for a language we do not run."""
-    argv = LANGUAGE_ARGV.get(language)
-    if argv is None:
-        raise InvalidRequest(
-            f"Unsupported language '{language}' (use one of {', '.join(LANGUAGE_ARGV)})."
-        )
-    return ExecRequest(command=argv[0], args=[*argv[1:], code], timeout_s=timeout_s, stdin=stdin)
 
 
 class WorkspacePaths:

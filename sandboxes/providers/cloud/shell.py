@@ -43,7 +43,6 @@ from sandboxes.providers.base import (
 from sandboxes.providers.cloud.common import (
     WorkspacePaths,
     check_env,
-    code_request,
     command_line,
     not_supported,
 )
@@ -73,10 +72,10 @@ rm -f "$o" "$e"
 
 
 class ShellCloudProvider:
-    """Files, exec and run_code for any sandbox that can run `sh`; see the module doc."""
+    """Files and exec for any sandbox that can run `sh`; see the module doc."""
 
     name = "shell"
-    capabilities = frozenset({Capability.EXEC, Capability.RUN_CODE, Capability.FILES})
+    capabilities = frozenset({Capability.EXEC, Capability.FILES})
     workspace = "/workspace"
 
     def __init__(self) -> None:
@@ -137,16 +136,6 @@ class ShellCloudProvider:
             stdout_truncated=out_size > request.max_output_bytes,
             stderr_truncated=err_size > request.max_output_bytes,
         )
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        return self.exec(provider_id, code_request(code, language, timeout_s, stdin))
 
     # -- files ----------------------------------------------------------------------
 

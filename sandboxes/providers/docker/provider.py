@@ -32,7 +32,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 import socket
 import tempfile
@@ -48,7 +47,6 @@ import docker
 import docker.errors
 from docker.types import Ulimit
 
-from sandboxes.languages import inline_runners
 from sandboxes.providers import agent_bundle
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import (
@@ -98,8 +96,6 @@ _SANDBOX_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 _CONTAINER_REF = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")
 _ENGINE_CONNECTIONS = 64
-_INLINE_CODE_MAX = 96 * 1024
-"""Code longer than this goes to a file first: one argv string is capped at 128 KiB."""
 CONTROL_TIMEOUT_S = 60.0
 _AGENT_START_S = 15.0
 """How long the first call after create waits for the agent to listen."""
@@ -140,10 +136,6 @@ def _host_pids_limit(pids: int, runtime: str) -> int:
     if isolation_of(runtime) == GVISOR:
         return _GVISOR_HOST_PIDS_BASE + (pids + _PIDS_HEADROOM) * _GVISOR_HOST_PIDS_PER_PROCESS
     return pids + _PIDS_HEADROOM
-
-
-# language -> (argv before inline code, argv before a code file, the file's suffix)
-_LANGUAGES = inline_runners()
 
 
 @dataclass(frozen=True)
@@ -803,36 +795,6 @@ class DockerProvider(DockerSnapshots):
         if request.stdin:
             stream.write_stdin(request.stdin)
         return stream
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """Run `code` inline (sandboxes.languages.inline_runners); others: InvalidRequest."""
-        if language not in _LANGUAGES:
-            raise InvalidRequest(
-                f"Unsupported language {language!r}; expected one of {', '.join(_LANGUAGES)}."
-            )
-        inline, from_file, suffix = _LANGUAGES[language]
-        request = ExecRequest(command=inline[0], timeout_s=timeout_s, stdin=stdin)
-        if len(code.encode()) <= _INLINE_CODE_MAX and "\x00" not in code:
-            return self._exec(provider_id, [*inline, code], request)
-        path = f"/tmp/.sandpit-code-{secrets.token_hex(8)}{suffix}"
-        written = self._exec(
-            provider_id,
-            ["/bin/sh", "-c", 'umask 077 && cat > "$0"', path],
-            ExecRequest(command="sh", stdin=code.encode(errors="surrogateescape")),
-        )
-        if written.exit_code != 0:
-            raise ProviderError("Could not write the code file: " + written.stderr.decode()[-300:])
-        try:
-            return self._exec(provider_id, [*from_file, path], request)
-        finally:
-            self._exec(provider_id, ["rm", "-f", path], ExecRequest(command="rm"))
 
     # -- files -------------------------------------------------------------------
 

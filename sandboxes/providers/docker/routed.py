@@ -32,17 +32,6 @@ class RoutedOperations:
         stream: AgentExecStream = self._routed(provider_id, "exec_stream", request)
         return stream
 
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        result: ExecResult = self._routed(provider_id, "run_code", code, language, timeout_s, stdin)
-        return result
-
     def read_file(
         self, provider_id: str, path: str, offset: int = 0, length: int | None = None
     ) -> bytes:

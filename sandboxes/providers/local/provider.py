@@ -27,13 +27,11 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
 
-from sandboxes.languages import inline_runners
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import (
     AgentExecStream,
@@ -61,7 +59,7 @@ from sandboxes.providers.base import (
     SandboxStats,
 )
 from sandboxes.providers.local import jail, net, rootfs, volume
-from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace, os_errors
+from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
 from sandboxes.providers.local.reaper import REAPER
@@ -74,8 +72,6 @@ from sandboxes.providers.local.snapshot import (
 from sandboxes.providers.local.watch import WorkspaceWatch
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_INLINE_CODE_BYTES = 100_000
-_RUNNERS = inline_runners()
 CREATE_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 10.0
 
@@ -742,31 +738,6 @@ class LocalProvider(LocalSnapshots):
         if request.stdin:
             stream.write_stdin(request.stdin)
         return stream
-
-    def run_code(
-        self,
-        provider_id: str,
-        code: str,
-        language: str,
-        timeout_s: float = 30.0,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """Run `code` inline (sandboxes.languages.inline_runners); others: InvalidRequest."""
-        runner = _RUNNERS.get(language)
-        if runner is None:
-            raise InvalidRequest(f"unsupported language {language!r}")
-        inline, from_file, suffix = runner
-        request = ExecRequest(command=inline[0], timeout_s=timeout_s, stdin=stdin)
-        if len(code.encode()) <= _INLINE_CODE_BYTES and "\x00" not in code:
-            return self._exec(provider_id, [*inline, code], request)
-        name = f".sandpit-code-{uuid.uuid4().hex}{suffix}"
-        host_file = self._dir(provider_id) / "tmp" / name
-        with os_errors(f"/tmp/{name}"):  # a full disk is ResourceExhausted
-            host_file.write_text(code)
-        try:
-            return self._exec(provider_id, [*from_file, f"/tmp/{name}"], request)
-        finally:
-            host_file.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ files
 
