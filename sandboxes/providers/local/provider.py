@@ -12,77 +12,57 @@ and a firewall to it (net.py). Everything a jail can write sits on a tmpfs of
 
 With ``warm_pool=N`` the provider keeps N idle jails started (from its first create on) and `create`
 claims one of them when the sandbox needs no network (pool.py).
+
+This module holds the lifecycle (create, get, list, destroy, stats, health); starting a
+jail is boot.py's, and what runs inside one (commands, files, processes, terminals,
+ports) is operations.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import select
 import shutil
-import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypedDict
 
-from sandboxes.providers import agent_client as wire
-from sandboxes.providers.agent_client import (
-    AgentExecStream,
-    AgentPortStream,
-    AgentPtySession,
-    AgentRelayPtySession,
-)
 from sandboxes.providers.base import (
     Capability,
     CapabilityNotSupported,
-    ExecRequest,
-    ExecResult,
-    FileEntry,
-    FileEvent,
     InvalidRequest,
-    OpenPort,
-    ProcessInfo,
     ProviderError,
     ProviderHealth,
-    ProviderUnavailable,
     SandboxGone,
     SandboxHandle,
     SandboxSpec,
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import jail, net, rootfs, volume
-from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
+from sandboxes.providers.local import jail, net, volume
+from sandboxes.providers.local.boot import (
+    BWRAP_INSTALL_HINT,
+    JailBoot,
+    check_passable,
+    read_uid_file,
+)
+from sandboxes.providers.local.files import Workspace
 from sandboxes.providers.local.identity import HostIdentities
-from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive, pool_name
-from sandboxes.providers.local.reaper import REAPER
+from sandboxes.providers.local.operations import JailOperations, check_env
+from sandboxes.providers.local.pool import WarmPool, owner_alive
 from sandboxes.providers.local.snapshot import (
     LocalSnapshots,
     cgroups_thaw,
     jail_frozen,
-    restore_files,
 )
-from sandboxes.providers.local.watch import WorkspaceWatch
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-CREATE_TIMEOUT_S = 10.0
-CONTROL_TIMEOUT_S = 10.0
 
 
-BWRAP_INSTALL_HINT = (
-    "The local provider needs bubblewrap: install it with `apt-get install bubblewrap` "
-    "(Debian/Ubuntu) or `make run`, which installs it when run as root."
-)
-
-
-class LocalProvider(LocalSnapshots):
+class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
 
     `warm_pool` is how many idle jails to keep started for `create` to claim (0: none);
@@ -120,7 +100,7 @@ class LocalProvider(LocalSnapshots):
         jail.install_agent(self._agent_path)
         self._identities = HostIdentities(shared / "uids", host_uid_base, host_uid_count)
         if self._identities.switching:
-            _check_passable(self.root_dir)
+            check_passable(self.root_dir)
         self._cgroup_bases = jail.cgroup_bases()
         self._net_tools = net.find_tools()
         if self._net_tools is None:
@@ -177,7 +157,7 @@ class LocalProvider(LocalSnapshots):
         if not _ID_RE.match(spec.sandbox_id):
             raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
         env = {str(k): str(v) for k, v in spec.env.items()}
-        _check_env(env)
+        check_env(env)
         if spec.network and self._net_tools is None:
             raise CapabilityNotSupported(
                 "network=True needs slirp4netns, nsenter and nft on the host "
@@ -205,264 +185,6 @@ class LocalProvider(LocalSnapshots):
         except BaseException:
             self._teardown(spec.sandbox_id, sdir, None)
             raise
-
-    def _spawn_warm(self) -> WarmJail:
-        """Start a warm jail for the pool: default resources, no sandbox environment, and
-        a configuration pipe whose write end stays with us (see pool.py)."""
-        me = os.getpid()
-        jail_id = pool_name(me, jail.start_ticks(me) or 0)
-        sdir = self.root_dir / jail_id
-        sdir.mkdir(mode=0o700)
-        config_r, config_w = os.pipe()
-        try:
-            self._start(SandboxSpec(sandbox_id=jail_id), sdir, {}, config_fd=config_r)
-        except BaseException:
-            os.close(config_w)
-            self._teardown(jail_id, sdir, None)
-            raise
-        finally:
-            os.close(config_r)
-        return WarmJail(jail_id, config_w)
-
-    def _adopt(
-        self, warm: WarmJail, spec: SandboxSpec, sdir: Path, env: dict[str, str]
-    ) -> SandboxHandle:
-        """Turn `warm` into sandbox `spec`, whose empty directory `sdir` is reserved.
-        On failure `sdir` is left empty again and the caller destroys the warm jail."""
-        jail_id = warm.jail_id
-        wdir = self.root_dir / jail_id
-        state = jail.JailState.load(wdir / "state.json")
-        if state is None or not jail.jail_alive(state):
-            raise ProviderUnavailable(f"warm jail {jail_id} is gone")
-        res = spec.resources
-        if self._disk_quota:
-            volume.resize(wdir, res.disk_mb)
-        if not jail.cgroups_set_limits(state.cgroups, res):
-            raise ProviderUnavailable(f"cannot apply the limits to warm jail {jail_id}")
-        jail.cgroups_set_background(state.cgroups, False)
-        jail.cgroups_reset_counters(state.cgroups)
-        rlimits = jail.rlimits(res, with_cgroup_memory="memory" in state.cgroups)
-        config = json.dumps({"env": env, "rlimits": rlimits}).encode()
-        try:  # the agent reads it when the first request arrives, so it must fit the pipe
-            os.set_blocking(warm.config_fd, False)
-            written = os.write(warm.config_fd, config)
-        except BlockingIOError:
-            written = 0
-        finally:
-            warm.close_config()
-        if written != len(config):
-            raise ProviderError("the sandbox environment is too large for a warm jail")
-        # Replaces the empty directory create() reserved. Mounts below wdir move along;
-        # the jail sees its own copies of them, so nothing inside notices.
-        os.rename(wdir, sdir)
-        with self._lock:
-            proc = self._bwraps.pop(jail_id, None)
-            if proc is not None:
-                self._bwraps[spec.sandbox_id] = proc
-        created = time.time()
-        state.sandbox_id = spec.sandbox_id
-        state.created_at = created
-        state.timeout_s = spec.timeout_s
-        state.labels = dict(spec.labels)
-        state.resources = dict(res.__dict__)
-        state.pool_owner_pid = state.pool_owner_ticks = 0
-        try:
-            state.save(sdir / "state.json")
-        except BaseException:
-            self._teardown(spec.sandbox_id, sdir, state)
-            sdir.mkdir(mode=0o700, exist_ok=True)
-            raise
-        return SandboxHandle(
-            provider=self.name,
-            provider_id=spec.sandbox_id,
-            state=SandboxState.RUNNING,
-            created_at=datetime.fromtimestamp(created, tz=UTC),
-            labels=dict(spec.labels),
-        )
-
-    def _start(
-        self,
-        spec: SandboxSpec,
-        sdir: Path,
-        env: dict[str, str],
-        *,
-        config_fd: int | None = None,
-    ) -> SandboxHandle:
-        """Start a jail for `spec` in `sdir`. With `config_fd` it is a warm jail: its
-        agent takes its configuration from that pipe (see pool.py)."""
-        warm = config_fd is not None
-        res = spec.resources
-        host_uid = self._identities.acquire(spec.sandbox_id)
-        try:
-            _own_uid_file(sdir, host_uid)
-        except BaseException:
-            self._identities.release(host_uid)
-            raise
-        if self._disk_quota:
-            try:
-                volume.create(sdir, res.disk_mb)
-            except OSError as exc:
-                raise ProviderUnavailable(
-                    f"cannot mount the sandbox's file system: {exc}"
-                ) from None
-        else:
-            for sub in volume.SUBDIRS:
-                (sdir / sub).mkdir(mode=0o755)
-        _hand_over_dirs(sdir, host_uid)
-        if spec.restore_from:  # before anything of the sandbox runs (snapshot.py)
-            restore_files(self.bwrap_path, spec.restore_from, sdir, host_uid)
-        cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
-        if warm:  # let it start without slowing the sandboxes in use
-            jail.cgroups_set_background(cgroups, True)
-        info_r, info_w = os.pipe()
-        block_r, block_w = os.pipe()
-        ready_r, ready_w = os.pipe()
-        config = {
-            "socket": jail.JAIL_SOCKET,
-            "ready_fd": ready_w,
-            "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
-            "config_fd": config_fd,
-        }
-        argv = jail.bwrap_argv(
-            bwrap=self.bwrap_path,
-            sandbox_dir=sdir,
-            shared_etc=self._shared_etc,
-            agent_path=self._agent_path,
-            network=spec.network,
-            env=jail.base_env(env),
-            info_fd=info_w,
-            block_fd=block_r,
-            agent_config=config,
-            rootfs=rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None,
-        )
-        log = os.fdopen(  # noqa: SIM115 - handed to the child
-            os.open(
-                sdir / "jail.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
-            ),
-            "ab",
-        )
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
-                start_new_session=True,
-                **_run_as(host_uid),
-            )
-        except OSError as exc:
-            raise ProviderUnavailable(
-                f"cannot run {self.bwrap_path}: {exc}. {BWRAP_INSTALL_HINT}"
-            ) from None
-        finally:
-            log.close()
-            for fd in (info_w, block_r, ready_w):
-                os.close(fd)
-        if warm and "cpu" in cgroups:
-            # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
-            # has not cloned the jail yet, and the jail joins this cgroup anyway.
-            jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
-        REAPER.watch(proc)
-        with self._lock:
-            for sid, old in list(self._bwraps.items()):
-                if old.returncode is not None:  # jails destroyed by another process
-                    del self._bwraps[sid]
-            self._bwraps[spec.sandbox_id] = proc
-        jail_pid = 0
-        slirp: subprocess.Popen[bytes] | None = None
-        slirp_ready: int | None = None
-        try:
-            info = _read_json_fd(info_r, CREATE_TIMEOUT_S)
-            jail_pid = int(info["child-pid"])
-            # The jail is blocked on block_fd until it sits in its cgroups.
-            jail.cgroups_join(cgroups, jail_pid)
-            try:
-                os.write(block_w, b"x")
-            except BrokenPipeError:  # bwrap gave up during its set-up
-                raise ProviderUnavailable(
-                    f"the sandbox did not start: {_tail(sdir / 'jail.log')}"
-                ) from None
-            ticks = jail.start_ticks(jail_pid) or 0
-            firewall = None
-            if spec.network:  # set up while the agent starts
-                slirp, slirp_ready, firewall = self._start_network(sdir, jail_pid, cgroups)
-            created = time.time()
-            jail.JailState(
-                sandbox_id=spec.sandbox_id,
-                created_at=created,
-                bwrap_pid=proc.pid,
-                jail_pid=jail_pid,
-                jail_start_ticks=ticks,
-                cgroups=cgroups,
-                network=spec.network,
-                timeout_s=spec.timeout_s,
-                labels=dict(spec.labels),
-                resources=dict(res.__dict__),
-                slirp_pid=slirp.pid if slirp else 0,
-                slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
-                pool_owner_pid=os.getpid() if warm else 0,
-                pool_owner_ticks=(jail.start_ticks(os.getpid()) or 0) if warm else 0,
-                host_uid=host_uid,
-            ).save(sdir / "state.json")
-            deadline = time.monotonic() + CREATE_TIMEOUT_S
-            if not _read_ready(ready_r, deadline):
-                raise ProviderUnavailable(f"the sandbox did not start: {_tail(sdir / 'jail.log')}")
-            if slirp_ready is not None and not _read_ready(slirp_ready, deadline):
-                raise ProviderUnavailable(f"slirp4netns did not start: {_tail(sdir / 'jail.log')}")
-            if firewall is not None and _wait_proc(firewall, deadline) != 0:
-                raise ProviderUnavailable(
-                    f"cannot install the sandbox's firewall: {_tail(sdir / 'jail.log')}"
-                )
-        except BaseException:
-            if jail_pid > 0:  # killing PID 1 of the jail ends every process in it
-                try:
-                    os.kill(jail_pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            if slirp is not None:
-                slirp.kill()
-            raise
-        finally:
-            for leftover in (info_r, block_w, ready_r, slirp_ready):
-                if leftover is not None:
-                    os.close(leftover)
-        return SandboxHandle(
-            provider=self.name,
-            provider_id=spec.sandbox_id,
-            state=SandboxState.RUNNING,
-            created_at=datetime.fromtimestamp(created, tz=UTC),
-            labels=dict(spec.labels),
-        )
-
-    def _start_network(
-        self, sdir: Path, jail_pid: int, cgroups: dict[str, str]
-    ) -> tuple[subprocess.Popen[bytes], int, subprocess.Popen[bytes]]:
-        """Start slirp4netns and the firewall on the jail's namespace (net.py).
-
-        Returns (slirp4netns, the fd it reports ready on, the firewall installer).
-        """
-        assert self._net_tools is not None
-        ready_r, ready_w = os.pipe()
-        log = open(sdir / "jail.log", "ab")  # noqa: SIM115 - handed to the children
-        try:
-            slirp = net.start_slirp(self._net_tools, jail_pid, ready_w, log)
-            REAPER.watch(slirp)
-            try:
-                # In the jail's cgroups it shares its limits and dies with them.
-                jail.cgroups_join(cgroups, slirp.pid)
-                firewall = net.start_firewall(self._net_tools, jail_pid, log)
-                REAPER.watch(firewall)
-            except BaseException:
-                slirp.kill()
-                raise
-        except BaseException:
-            os.close(ready_r)
-            raise
-        finally:
-            log.close()
-            os.close(ready_w)
-        return slirp, ready_r, firewall
 
     def _handle(
         self, provider_id: str, *, ping: bool, state: jail.JailState | None = None
@@ -549,7 +271,7 @@ class LocalProvider(LocalSnapshots):
         emptied = jail.cgroups_remove(cgroups)
         self._cpu_samples.pop(provider_id, None)
         volume.remove(sdir)
-        host_uid = _read_uid_file(sdir)
+        host_uid = read_uid_file(sdir)
         shutil.rmtree(sdir, ignore_errors=True)
         # Only once nothing runs as the jail's uid may another jail take it; a uid whose
         # processes outlived the kill stays reserved (a leak of one uid, never a share).
@@ -651,392 +373,10 @@ class LocalProvider(LocalSnapshots):
         )
         return ProviderHealth(True, f"bwrap ok; {limits}; {disk}; {network}", _ms(started))
 
-    # -------------------------------------------------------------- execution
-
-    def exec(self, provider_id: str, request: ExecRequest) -> ExecResult:
-        """Run one command to completion; a timeout kills its whole tree (exit -9)."""
-        if request.args is None:
-            argv = ["/bin/sh", "-c", request.command]
-        else:
-            argv = [request.command, *request.args]
-        return self._exec(provider_id, argv, request)
-
-    def _exec(self, provider_id: str, argv: list[str], request: ExecRequest) -> ExecResult:
-        if any("\x00" in a for a in argv):
-            raise InvalidRequest("command contains a NUL byte")
-        env = {str(k): str(v) for k, v in request.env.items()}
-        _check_env(env)
-        if request.timeout_s <= 0 or request.max_output_bytes < 0:
-            raise InvalidRequest("timeout_s must be positive, max_output_bytes not negative")
-        stdin = request.stdin or b""
-        header = {
-            "op": "exec",
-            "argv": argv,
-            "cwd": _jail_cwd(request.cwd),
-            "env": env,
-            "timeout_s": request.timeout_s,
-            "max_output_bytes": request.max_output_bytes,
-            "stdin_len": len(stdin),
-        }
-        _, state = self._state(provider_id)
-        oom_before = _oom_kills(state)
-        sock = self._connect(provider_id, timeout=request.timeout_s + 15)
-        try:
-            sock.sendall(json.dumps(header).encode() + b"\n" + stdin)
-            reply = wire.reply(sock)
-            out_len, err_len = int(reply["stdout_len"]), int(reply["stderr_len"])
-            if not (
-                0 <= out_len <= request.max_output_bytes
-                and 0 <= err_len <= request.max_output_bytes
-            ):
-                raise ProviderError("the sandbox agent sent an oversized reply")
-            body = wire.recv_exact(sock, out_len + err_len)
-        except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(provider_id, exc) from None
-        finally:
-            sock.close()
-        exit_code = int(reply["exit_code"])
-        oom = exit_code == -9 and not reply["timed_out"] and _oom_kills(state) > oom_before
-        return ExecResult(
-            stdout=body[:out_len],
-            stderr=body[out_len:],
-            exit_code=exit_code,
-            duration_ms=float(reply["duration_ms"]),
-            timed_out=bool(reply["timed_out"]),
-            stdout_truncated=bool(reply["stdout_truncated"]),
-            stderr_truncated=bool(reply["stderr_truncated"]),
-            cpu_time_ms=_opt_float(reply.get("cpu_time_ms")),
-            peak_memory_bytes=_opt_int(reply.get("peak_memory_bytes")),
-            oom_killed=oom,
-        )
-
-    def exec_stream(self, provider_id: str, request: ExecRequest) -> AgentExecStream:
-        """Start a command and stream its output (see base.ExecStream)."""
-        argv = (
-            ["/bin/sh", "-c", request.command]
-            if request.args is None
-            else [request.command, *request.args]
-        )
-        if any("\x00" in a for a in argv):
-            raise InvalidRequest("command contains a NUL byte")
-        env = {str(k): str(v) for k, v in request.env.items()}
-        _check_env(env)
-        if request.timeout_s <= 0:
-            raise InvalidRequest("timeout_s must be positive")
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        try:
-            sock.sendall(
-                wire.exec_stream_request(argv, _jail_cwd(request.cwd), env, request.timeout_s)
-            )
-            reply = wire.reply(sock)
-            stream = AgentExecStream(sock, int(reply["pid"]))
-        except BaseException as exc:
-            sock.close()
-            if isinstance(exc, (OSError, ValueError, KeyError)):
-                raise self._lost(provider_id, exc) from None
-            raise
-        if request.stdin:
-            stream.write_stdin(request.stdin)
-        return stream
-
-    # ------------------------------------------------------------------ files
-
-    def read_file(
-        self, provider_id: str, path: str, offset: int = 0, length: int | None = None
-    ) -> bytes:
-        return self._workspace(provider_id).read(path, offset, length)
-
-    def write_file(self, provider_id: str, path: str, data: bytes) -> FileEntry:
-        """Creates parent directories; raises FileTooLarge beyond max_file_bytes."""
-        return self._workspace(provider_id).write(path, data)
-
-    def mkdir(self, provider_id: str, path: str) -> FileEntry:
-        return self._workspace(provider_id).mkdir(path)
-
-    def list_files(self, provider_id: str, path: str, recursive: bool = False) -> list[FileEntry]:
-        return self._workspace(provider_id).list_entries(path, recursive)
-
-    def stat(self, provider_id: str, path: str) -> FileEntry:
-        return self._workspace(provider_id).stat(path)
-
-    def exists(self, provider_id: str, path: str) -> bool:
-        return self._workspace(provider_id).exists(path)
-
-    def remove(self, provider_id: str, path: str, recursive: bool = False) -> None:
-        self._workspace(provider_id).remove(path, recursive)
-
-    def move(self, provider_id: str, src: str, dst: str) -> FileEntry:
-        return self._workspace(provider_id).move(src, dst)
-
-    # -------------------------------------------------------------- processes
-
-    def start_process(
-        self,
-        provider_id: str,
-        command: str,
-        args: Sequence[str] | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> ProcessInfo:
-        """Start a background process (output discarded); `args is None` runs `sh -c command`."""
-        argv = ["/bin/sh", "-c", command] if args is None else [command, *args]
-        if any("\x00" in a for a in argv):
-            raise InvalidRequest("command contains a NUL byte")
-        env_d = {str(k): str(v) for k, v in (env or {}).items()}
-        _check_env(env_d)
-        reply = self._call(
-            provider_id,
-            {
-                "op": "start",
-                "argv": argv,
-                "command": " ".join([command, *(args or [])]),
-                "cwd": _jail_cwd(cwd),
-                "env": env_d,
-            },
-        )
-        return _process(reply["process"])
-
-    def list_processes(self, provider_id: str) -> list[ProcessInfo]:
-        """Processes started with start_process (recently exited ones with their exit code)."""
-        reply = self._call(provider_id, {"op": "list"})
-        return [_process(p) for p in reply["processes"]]
-
-    def signal_process(self, provider_id: str, pid: int, signal: int) -> None:
-        """Signal the process group of a started process (or any pid inside the jail)."""
-        self._call(provider_id, {"op": "signal", "pid": int(pid), "signal": int(signal)})
-
-    # --------------------------------------------------------------- realtime
-
-    def open_pty(
-        self,
-        provider_id: str,
-        cols: int = 80,
-        rows: int = 24,
-        shell: str | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> AgentPtySession | AgentRelayPtySession:
-        """A terminal inside the jail. The agent creates the PTY and the shell in the jail
-        and passes the PTY master to us, so keystrokes and output skip the agent;
-        fileno() is that master (non-blocking). If the descriptor cannot be passed the
-        agent relays the bytes over its connection instead, as before."""
-        env_d = {str(k): str(v) for k, v in (env or {}).items()}
-        _check_env(env_d)
-        argv = [shell or "/bin/bash"]
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        master = None
-        try:
-            sock.sendall(
-                json.dumps(
-                    {
-                        "op": "pty",
-                        "argv": argv,
-                        "cols": int(cols),
-                        "rows": int(rows),
-                        "cwd": _jail_cwd(cwd),
-                        "env": env_d,
-                        "pass_fd": True,
-                    }
-                ).encode()
-                + b"\n"
-            )
-            reply, master = wire.pty_reply(sock)
-            pid = int(reply["pid"])
-            if reply.get("mode") == "fd":
-                if master is None:
-                    raise ProviderError("the sandbox agent did not pass the terminal")
-                return AgentPtySession(master, sock, pid)
-            if master is not None:  # a relay needs no descriptor
-                os.close(master)
-                master = None
-            sock.setblocking(False)
-            return AgentRelayPtySession(lambda req: self._call(provider_id, req), sock, pid)
-        except BaseException as exc:
-            sock.close()
-            if master is not None:
-                os.close(master)
-            if isinstance(exc, (OSError, ValueError, KeyError)):
-                raise self._lost(provider_id, exc) from None
-            raise
-
-    def open_ports(self, provider_id: str) -> list[OpenPort]:
-        """TCP ports listening inside the jail's network namespace (/proc/net/tcp{,6})."""
-        reply = self._call(provider_id, {"op": "ports"})
-        return [OpenPort(port=int(p["port"]), address=str(p["address"])) for p in reply["ports"]]
-
-    def connect_port(self, provider_id: str, port: int) -> AgentPortStream:
-        """A byte stream to 127.0.0.1:port inside the jail, spliced by the agent."""
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        try:
-            sock.sendall(json.dumps({"op": "connect", "port": int(port)}).encode() + b"\n")
-            wire.reply(sock)
-        except BaseException:
-            sock.close()
-            raise
-        sock.settimeout(None)
-        return AgentPortStream(sock)
-
-    def watch(
-        self, provider_id: str, path: str, recursive: bool = True
-    ) -> Iterator[list[FileEvent]]:
-        """Host-side inotify; watches are in place when this returns. Close with .close()."""
-        return WorkspaceWatch(self._workspace(provider_id), path, recursive)
-
-    # ------------------------------------------------------------ agent calls
-
-    def agent_socket(self, provider_id: str) -> socket.socket:
-        """A new connection to the sandbox's agent, for its session ops (terminals and
-        runs that outlive a web process: sandboxes/agent_sessions.py)."""
-        return self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-
-    def _connect(self, provider_id: str, timeout: float) -> socket.socket:
-        run_dir = self._dir(provider_id) / "run"
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        dir_fd = None
-        try:
-            target = str(run_dir / "agent.sock")
-            if len(target.encode()) > 100:
-                # Unix socket paths are limited to 107 bytes; reach a deep root through a
-                # descriptor of its directory instead.
-                dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
-                target = f"/proc/self/fd/{dir_fd}/agent.sock"
-            _connect_patiently(sock, target, timeout)
-        except OSError:
-            sock.close()
-            if not (self.root_dir / provider_id).exists():
-                raise SandboxGone(f"no sandbox {provider_id!r}") from None
-            raise SandboxGone(f"sandbox {provider_id} is stopped") from None
-        finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
-        return sock
-
-    def _call(self, provider_id: str, request: dict, timeout: float = CONTROL_TIMEOUT_S) -> dict:
-        sock = self._connect(provider_id, timeout)
-        try:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            return wire.reply(sock)
-        except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(provider_id, exc) from None
-        finally:
-            sock.close()
-
-    def _lost(self, provider_id: str, exc: Exception) -> ProviderError:
-        if not (self.root_dir / provider_id).exists():
-            return SandboxGone(f"no sandbox {provider_id!r}")
-        try:
-            _, state = self._state(provider_id)
-        except SandboxGone as gone:
-            return gone
-        if not jail.jail_alive(state):
-            return SandboxGone(f"sandbox {provider_id} stopped")
-        return ProviderError(f"lost the sandbox agent: {exc!r}")
-
 
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-
-def _check_env(env: Mapping[str, str]) -> None:
-    for key, value in env.items():
-        if not key or "=" in key or "\x00" in key or "\x00" in value:
-            raise InvalidRequest(f"invalid environment variable {key!r}")
-
-
-def _connect_patiently(sock: socket.socket, target: str, timeout: float) -> None:
-    """connect(), waiting while the agent's listen backlog is full: a Unix socket answers
-    that with EAGAIN at once (the agent is busy, e.g. out of descriptors), not by blocking."""
-    deadline = time.monotonic() + timeout
-    pause = 0.001
-    while True:
-        try:
-            sock.connect(target)
-            return
-        except BlockingIOError:
-            if time.monotonic() + pause > deadline:
-                raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
-
-
-def _jail_cwd(cwd: str | None) -> str:
-    if not cwd:
-        return JAIL_WORKSPACE
-    if "\x00" in cwd:
-        raise InvalidRequest("cwd contains a NUL byte")
-    return cwd if cwd.startswith("/") else f"{JAIL_WORKSPACE}/{cwd}"
-
-
-def _wait_readable(fd: int, timeout: float) -> bool:
-    ready, _, _ = select.select([fd], [], [], timeout)
-    return bool(ready)
-
-
-def _read_ready(fd: int, deadline: float) -> bool:
-    """Whether a child reported ready on `fd` (any byte) before `deadline`; EOF is False."""
-    return _wait_readable(fd, max(0.0, deadline - time.monotonic())) and bool(os.read(fd, 16))
-
-
-def _wait_proc(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
-    """The exit status of `proc`, killing it when it outlives `deadline`."""
-    try:
-        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return None
-
-
-def _read_json_fd(fd: int, timeout: float) -> dict:
-    """Read bwrap's --info-fd JSON (it may arrive in pieces; EOF means bwrap failed)."""
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while True:
-        if not _wait_readable(fd, max(0.0, deadline - time.monotonic())):
-            raise ProviderUnavailable("bwrap did not report its child pid")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            raise ProviderUnavailable("bwrap exited before starting the sandbox")
-        buf += chunk
-        try:
-            return json.loads(buf)
-        except ValueError:
-            continue
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_bytes()[-500:].decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _process(data: dict) -> ProcessInfo:
-    return ProcessInfo(
-        pid=int(data["pid"]),
-        command=str(data["command"]),
-        running=bool(data["running"]),
-        exit_code=_opt_int(data.get("exit_code")),
-        started_at=_opt_float(data.get("started_at")),
-    )
-
-
-def _opt_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
-
-
-def _opt_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def _oom_kills(state: jail.JailState) -> int:
-    path = state.cgroups.get("memory")
-    text = jail.read_text(f"{path}/memory.oom_control") if path else None
-    for line in (text or "").splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0
 
 
 def _net_bytes(pid: int) -> tuple[int, int]:
@@ -1090,58 +430,3 @@ def _disk_usage_fd(fd: int, depth: int) -> int:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
-
-
-_UID_FILE = "host_uid"
-
-
-def _own_uid_file(sdir: Path, host_uid: int) -> None:
-    """Record the jail's host uid before anything runs as it, so a teardown that finds
-    no state.json (a create that failed early) still gives the uid back."""
-    fd = os.open(sdir / _UID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(host_uid))
-
-
-def _read_uid_file(sdir: Path) -> int | None:
-    try:
-        return int((sdir / _UID_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _hand_over_dirs(sdir: Path, host_uid: int) -> None:
-    """Give the jail's uid its three writable directories; the sandbox directory itself
-    stays the server's (state.json, jail.log), passable but not listable."""
-    os.chmod(sdir, 0o711)  # noqa: S103 - passable by jail uids, not listable
-    for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("run", 0o755)):
-        path = sdir / sub
-        os.chown(path, host_uid, host_uid)
-        os.chmod(path, mode)
-
-
-class _RunAs(TypedDict, total=False):
-    user: int
-    group: int
-    extra_groups: list[int]
-
-
-def _run_as(host_uid: int) -> _RunAs:
-    """Popen arguments that start bwrap as `host_uid` (no supplementary groups), when
-    that is not who we are already."""
-    if host_uid == os.geteuid():
-        return {}
-    return {"user": host_uid, "group": host_uid, "extra_groups": []}
-
-
-def _check_passable(root_dir: Path) -> None:
-    """bwrap runs as the jail's uid and opens the jail's directories by path, so every
-    directory above `root_dir` must let other users pass (o+x)."""
-    for directory in Path(os.path.abspath(root_dir)).parents:
-        if not os.stat(directory).st_mode & 0o001:
-            raise ProviderUnavailable(
-                f"The local provider's root {root_dir} is below {directory}, which other "
-                "users may not pass through, so the sandboxes' unprivileged host uids could "
-                "not reach their files. Set SANDPIT_LOCAL_ROOT to a directory under a "
-                f"passable path (e.g. /var/lib/sandpit/sandboxes) or `chmod o+x {directory}`."
-            )

@@ -1,0 +1,413 @@
+"""Boot-up of LocalProvider's jails: a cold start (`_start`: the sandbox's directory, its
+host uid, cgroups, bwrap, the agent and, with network=True, slirp4netns and the firewall),
+a warm jail for the pool (`_spawn_warm`) and a warm jail turned into a sandbox (`_adopt`).
+What the jail is made of (bwrap's argv, cgroups, rlimits) is jail.py's; this module runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypedDict
+
+from sandboxes.providers.base import (
+    ProviderError,
+    ProviderUnavailable,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxState,
+)
+from sandboxes.providers.local import jail, net, rootfs, volume
+from sandboxes.providers.local.identity import HostIdentities
+from sandboxes.providers.local.pool import WarmJail, pool_name
+from sandboxes.providers.local.reaper import REAPER
+from sandboxes.providers.local.snapshot import restore_files
+
+CREATE_TIMEOUT_S = 10.0
+
+BWRAP_INSTALL_HINT = (
+    "The local provider needs bubblewrap: install it with `apt-get install bubblewrap` "
+    "(Debian/Ubuntu) or `make run`, which installs it when run as root."
+)
+
+
+class JailBoot:
+    """Starting jails, for LocalProvider (which sets these attributes in its __init__)."""
+
+    name: str
+    root_dir: Path
+    bwrap_path: str
+    _identities: HostIdentities
+    _disk_quota: bool
+    _cgroup_bases: dict[str, str]
+    _shared_etc: Path
+    _agent_path: Path
+    _net_tools: net.NetTools | None
+    _bwraps: dict[str, subprocess.Popen[bytes]]
+    _lock: threading.Lock
+
+    def _teardown(self, provider_id: str, sdir: Path, state: jail.JailState | None) -> None:
+        raise NotImplementedError  # LocalProvider's
+
+    def _spawn_warm(self) -> WarmJail:
+        """Start a warm jail for the pool: default resources, no sandbox environment, and
+        a configuration pipe whose write end stays with us (see pool.py)."""
+        me = os.getpid()
+        jail_id = pool_name(me, jail.start_ticks(me) or 0)
+        sdir = self.root_dir / jail_id
+        sdir.mkdir(mode=0o700)
+        config_r, config_w = os.pipe()
+        try:
+            self._start(SandboxSpec(sandbox_id=jail_id), sdir, {}, config_fd=config_r)
+        except BaseException:
+            os.close(config_w)
+            self._teardown(jail_id, sdir, None)
+            raise
+        finally:
+            os.close(config_r)
+        return WarmJail(jail_id, config_w)
+
+    def _adopt(
+        self, warm: WarmJail, spec: SandboxSpec, sdir: Path, env: dict[str, str]
+    ) -> SandboxHandle:
+        """Turn `warm` into sandbox `spec`, whose empty directory `sdir` is reserved.
+        On failure `sdir` is left empty again and the caller destroys the warm jail."""
+        jail_id = warm.jail_id
+        wdir = self.root_dir / jail_id
+        state = jail.JailState.load(wdir / "state.json")
+        if state is None or not jail.jail_alive(state):
+            raise ProviderUnavailable(f"warm jail {jail_id} is gone")
+        res = spec.resources
+        if self._disk_quota:
+            volume.resize(wdir, res.disk_mb)
+        if not jail.cgroups_set_limits(state.cgroups, res):
+            raise ProviderUnavailable(f"cannot apply the limits to warm jail {jail_id}")
+        jail.cgroups_set_background(state.cgroups, False)
+        jail.cgroups_reset_counters(state.cgroups)
+        rlimits = jail.rlimits(res, with_cgroup_memory="memory" in state.cgroups)
+        config = json.dumps({"env": env, "rlimits": rlimits}).encode()
+        try:  # the agent reads it when the first request arrives, so it must fit the pipe
+            os.set_blocking(warm.config_fd, False)
+            written = os.write(warm.config_fd, config)
+        except BlockingIOError:
+            written = 0
+        finally:
+            warm.close_config()
+        if written != len(config):
+            raise ProviderError("the sandbox environment is too large for a warm jail")
+        # Replaces the empty directory create() reserved. Mounts below wdir move along;
+        # the jail sees its own copies of them, so nothing inside notices.
+        os.rename(wdir, sdir)
+        with self._lock:
+            proc = self._bwraps.pop(jail_id, None)
+            if proc is not None:
+                self._bwraps[spec.sandbox_id] = proc
+        created = time.time()
+        state.sandbox_id = spec.sandbox_id
+        state.created_at = created
+        state.timeout_s = spec.timeout_s
+        state.labels = dict(spec.labels)
+        state.resources = dict(res.__dict__)
+        state.pool_owner_pid = state.pool_owner_ticks = 0
+        try:
+            state.save(sdir / "state.json")
+        except BaseException:
+            self._teardown(spec.sandbox_id, sdir, state)
+            sdir.mkdir(mode=0o700, exist_ok=True)
+            raise
+        return SandboxHandle(
+            provider=self.name,
+            provider_id=spec.sandbox_id,
+            state=SandboxState.RUNNING,
+            created_at=datetime.fromtimestamp(created, tz=UTC),
+            labels=dict(spec.labels),
+        )
+
+    def _start(
+        self,
+        spec: SandboxSpec,
+        sdir: Path,
+        env: dict[str, str],
+        *,
+        config_fd: int | None = None,
+    ) -> SandboxHandle:
+        """Start a jail for `spec` in `sdir`. With `config_fd` it is a warm jail: its
+        agent takes its configuration from that pipe (see pool.py)."""
+        warm = config_fd is not None
+        res = spec.resources
+        host_uid = self._identities.acquire(spec.sandbox_id)
+        try:
+            _own_uid_file(sdir, host_uid)
+        except BaseException:
+            self._identities.release(host_uid)
+            raise
+        if self._disk_quota:
+            try:
+                volume.create(sdir, res.disk_mb)
+            except OSError as exc:
+                raise ProviderUnavailable(
+                    f"cannot mount the sandbox's file system: {exc}"
+                ) from None
+        else:
+            for sub in volume.SUBDIRS:
+                (sdir / sub).mkdir(mode=0o755)
+        _hand_over_dirs(sdir, host_uid)
+        if spec.restore_from:  # before anything of the sandbox runs (snapshot.py)
+            restore_files(self.bwrap_path, spec.restore_from, sdir, host_uid)
+        cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
+        if warm:  # let it start without slowing the sandboxes in use
+            jail.cgroups_set_background(cgroups, True)
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        config = {
+            "socket": jail.JAIL_SOCKET,
+            "ready_fd": ready_w,
+            "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
+            "config_fd": config_fd,
+        }
+        argv = jail.bwrap_argv(
+            bwrap=self.bwrap_path,
+            sandbox_dir=sdir,
+            shared_etc=self._shared_etc,
+            agent_path=self._agent_path,
+            network=spec.network,
+            env=jail.base_env(env),
+            info_fd=info_w,
+            block_fd=block_r,
+            agent_config=config,
+            rootfs=rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None,
+        )
+        log = os.fdopen(  # noqa: SIM115 - handed to the child
+            os.open(
+                sdir / "jail.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+            ),
+            "ab",
+        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
+                start_new_session=True,
+                **_run_as(host_uid),
+            )
+        except OSError as exc:
+            raise ProviderUnavailable(
+                f"cannot run {self.bwrap_path}: {exc}. {BWRAP_INSTALL_HINT}"
+            ) from None
+        finally:
+            log.close()
+            for fd in (info_w, block_r, ready_w):
+                os.close(fd)
+        if warm and "cpu" in cgroups:
+            # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
+            # has not cloned the jail yet, and the jail joins this cgroup anyway.
+            jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
+        REAPER.watch(proc)
+        with self._lock:
+            for sid, old in list(self._bwraps.items()):
+                if old.returncode is not None:  # jails destroyed by another process
+                    del self._bwraps[sid]
+            self._bwraps[spec.sandbox_id] = proc
+        jail_pid = 0
+        slirp: subprocess.Popen[bytes] | None = None
+        slirp_ready: int | None = None
+        try:
+            info = _read_json_fd(info_r, CREATE_TIMEOUT_S)
+            jail_pid = int(info["child-pid"])
+            # The jail is blocked on block_fd until it sits in its cgroups.
+            jail.cgroups_join(cgroups, jail_pid)
+            try:
+                os.write(block_w, b"x")
+            except BrokenPipeError:  # bwrap gave up during its set-up
+                raise ProviderUnavailable(
+                    f"the sandbox did not start: {_tail(sdir / 'jail.log')}"
+                ) from None
+            ticks = jail.start_ticks(jail_pid) or 0
+            firewall = None
+            if spec.network:  # set up while the agent starts
+                slirp, slirp_ready, firewall = self._start_network(sdir, jail_pid, cgroups)
+            created = time.time()
+            jail.JailState(
+                sandbox_id=spec.sandbox_id,
+                created_at=created,
+                bwrap_pid=proc.pid,
+                jail_pid=jail_pid,
+                jail_start_ticks=ticks,
+                cgroups=cgroups,
+                network=spec.network,
+                timeout_s=spec.timeout_s,
+                labels=dict(spec.labels),
+                resources=dict(res.__dict__),
+                slirp_pid=slirp.pid if slirp else 0,
+                slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
+                pool_owner_pid=os.getpid() if warm else 0,
+                pool_owner_ticks=(jail.start_ticks(os.getpid()) or 0) if warm else 0,
+                host_uid=host_uid,
+            ).save(sdir / "state.json")
+            deadline = time.monotonic() + CREATE_TIMEOUT_S
+            if not _read_ready(ready_r, deadline):
+                raise ProviderUnavailable(f"the sandbox did not start: {_tail(sdir / 'jail.log')}")
+            if slirp_ready is not None and not _read_ready(slirp_ready, deadline):
+                raise ProviderUnavailable(f"slirp4netns did not start: {_tail(sdir / 'jail.log')}")
+            if firewall is not None and _wait_proc(firewall, deadline) != 0:
+                raise ProviderUnavailable(
+                    f"cannot install the sandbox's firewall: {_tail(sdir / 'jail.log')}"
+                )
+        except BaseException:
+            if jail_pid > 0:  # killing PID 1 of the jail ends every process in it
+                try:
+                    os.kill(jail_pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if slirp is not None:
+                slirp.kill()
+            raise
+        finally:
+            for leftover in (info_r, block_w, ready_r, slirp_ready):
+                if leftover is not None:
+                    os.close(leftover)
+        return SandboxHandle(
+            provider=self.name,
+            provider_id=spec.sandbox_id,
+            state=SandboxState.RUNNING,
+            created_at=datetime.fromtimestamp(created, tz=UTC),
+            labels=dict(spec.labels),
+        )
+
+    def _start_network(
+        self, sdir: Path, jail_pid: int, cgroups: dict[str, str]
+    ) -> tuple[subprocess.Popen[bytes], int, subprocess.Popen[bytes]]:
+        """Start slirp4netns and the firewall on the jail's namespace (net.py).
+
+        Returns (slirp4netns, the fd it reports ready on, the firewall installer).
+        """
+        assert self._net_tools is not None
+        ready_r, ready_w = os.pipe()
+        log = open(sdir / "jail.log", "ab")  # noqa: SIM115 - handed to the children
+        try:
+            slirp = net.start_slirp(self._net_tools, jail_pid, ready_w, log)
+            REAPER.watch(slirp)
+            try:
+                # In the jail's cgroups it shares its limits and dies with them.
+                jail.cgroups_join(cgroups, slirp.pid)
+                firewall = net.start_firewall(self._net_tools, jail_pid, log)
+                REAPER.watch(firewall)
+            except BaseException:
+                slirp.kill()
+                raise
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            log.close()
+            os.close(ready_w)
+        return slirp, ready_r, firewall
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return bool(ready)
+
+
+def _read_ready(fd: int, deadline: float) -> bool:
+    """Whether a child reported ready on `fd` (any byte) before `deadline`; EOF is False."""
+    return _wait_readable(fd, max(0.0, deadline - time.monotonic())) and bool(os.read(fd, 16))
+
+
+def _wait_proc(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The exit status of `proc`, killing it when it outlives `deadline`."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+def _read_json_fd(fd: int, timeout: float) -> dict:
+    """Read bwrap's --info-fd JSON (it may arrive in pieces; EOF means bwrap failed)."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while True:
+        if not _wait_readable(fd, max(0.0, deadline - time.monotonic())):
+            raise ProviderUnavailable("bwrap did not report its child pid")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise ProviderUnavailable("bwrap exited before starting the sandbox")
+        buf += chunk
+        try:
+            return json.loads(buf)
+        except ValueError:
+            continue
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-500:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+_UID_FILE = "host_uid"
+
+
+def _own_uid_file(sdir: Path, host_uid: int) -> None:
+    """Record the jail's host uid before anything runs as it, so a teardown that finds
+    no state.json (a create that failed early) still gives the uid back."""
+    fd = os.open(sdir / _UID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(host_uid))
+
+
+def read_uid_file(sdir: Path) -> int | None:
+    try:
+        return int((sdir / _UID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _hand_over_dirs(sdir: Path, host_uid: int) -> None:
+    """Give the jail's uid its three writable directories; the sandbox directory itself
+    stays the server's (state.json, jail.log), passable but not listable."""
+    os.chmod(sdir, 0o711)  # noqa: S103 - passable by jail uids, not listable
+    for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("run", 0o755)):
+        path = sdir / sub
+        os.chown(path, host_uid, host_uid)
+        os.chmod(path, mode)
+
+
+class _RunAs(TypedDict, total=False):
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _run_as(host_uid: int) -> _RunAs:
+    """Popen arguments that start bwrap as `host_uid` (no supplementary groups), when
+    that is not who we are already."""
+    if host_uid == os.geteuid():
+        return {}
+    return {"user": host_uid, "group": host_uid, "extra_groups": []}
+
+
+def check_passable(root_dir: Path) -> None:
+    """bwrap runs as the jail's uid and opens the jail's directories by path, so every
+    directory above `root_dir` must let other users pass (o+x)."""
+    for directory in Path(os.path.abspath(root_dir)).parents:
+        if not os.stat(directory).st_mode & 0o001:
+            raise ProviderUnavailable(
+                f"The local provider's root {root_dir} is below {directory}, which other "
+                "users may not pass through, so the sandboxes' unprivileged host uids could "
+                "not reach their files. Set SANDPIT_LOCAL_ROOT to a directory under a "
+                f"passable path (e.g. /var/lib/sandpit/sandboxes) or `chmod o+x {directory}`."
+            )
