@@ -13,12 +13,12 @@ SANDPIT_PREVIEW_DOMAIN, each preview on its own host, with the proxy's auth and 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from e2b.envd.process.process_connect import ProcessASGIApplication
 
-from sandboxes.preview import preview_host_target, scope_host
+from sandboxes.preview import AsgiApp, preview_host_target, scope_host
 from sandboxes.terminals import terminal_manager
 
 from .filesystem import FilesystemService
@@ -32,9 +32,12 @@ class E2BRouter:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.rpc = {
-            f"{PREFIX}/process.Process/": ProcessASGIApplication(ProcessService()),
-            f"{PREFIX}/filesystem.Filesystem/": FilesystemASGIApplication(FilesystemService()),
+        # connectrpc types a scope with asgiref's TypedDicts; ASGI apps here take plain dicts.
+        self.rpc: dict[str, AsgiApp] = {
+            f"{PREFIX}/process.Process/": cast(AsgiApp, ProcessASGIApplication(ProcessService())),
+            f"{PREFIX}/filesystem.Filesystem/": cast(
+                AsgiApp, FilesystemASGIApplication(FilesystemService())
+            ),
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rest_framework import authentication, exceptions
+from rest_framework.request import Request
 
 from accounts.authentication import MachineUser, Principal, principal_from_sandbox_token
 from accounts.services import API_KEY_PREFIX, api_key_authenticate
@@ -71,7 +72,7 @@ def _request_headers(request: object) -> dict[str, str]:
 class E2BAuthentication(authentication.BaseAuthentication):
     """DRF authentication for the E2B views: X-API-Key or X-Access-Token."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request: Request) -> tuple[MachineUser, Principal]:
         try:
             principal = principal_from_headers(_request_headers(request))
         except E2BAuthFailed as exc:
@@ -79,5 +80,5 @@ class E2BAuthentication(authentication.BaseAuthentication):
         ident = f"key:{principal.api_key.pk}" if principal.api_key else "token"
         return MachineUser(ident), principal
 
-    def authenticate_header(self, request):  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request: Request) -> str:
         return "X-API-Key"

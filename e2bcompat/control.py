@@ -7,6 +7,7 @@ Sandpit service, render E2B's shapes. Errors leave in E2B's shape, `{"code": <HT
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +24,7 @@ from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
 from sandboxes.apis import _fingerprint as request_fingerprint
 from sandboxes.apis import _stored as stored_response
 from sandboxes.caller import Caller, StoredResponse, request_begin, request_finish
-from sandboxes.models import SandboxState
+from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers.base import FileNotFound
 from sandboxes.selectors import sandbox_get_for_principal, sandboxes_for_org
 
@@ -49,16 +50,18 @@ class E2BApi(APIView):
     # E2B's own API specification describes these; Sandpit's OpenAPI schema is its own API.
     schema = None
 
-    def get_exception_handler(self):  # type: ignore[no-untyped-def]
+    def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response | None]:
         return e2b_exception_handler
 
     def caller(self, request: Request) -> Caller:
-        return Caller(request.auth)
+        return Caller(principal_of(request))
 
-    def sandbox(self, request: Request, sandbox_id: str):  # type: ignore[no-untyped-def]
-        return sandbox_get_for_principal(principal=request.auth, sandbox_id=sandbox_id)
+    def sandbox(self, request: Request, sandbox_id: str) -> Sandbox:
+        return sandbox_get_for_principal(principal=principal_of(request), sandbox_id=sandbox_id)
 
-    def live_sandbox(self, request: Request, sandbox_id: str, *, paused_too: bool = False):  # type: ignore[no-untyped-def]
+    def live_sandbox(
+        self, request: Request, sandbox_id: str, *, paused_too: bool = False
+    ) -> Sandbox:
         sandbox = self.sandbox(request, sandbox_id)
         translate.require_running(sandbox, paused_too=paused_too)
         return sandbox
@@ -146,7 +149,7 @@ class SandboxesApi(E2BApi):
     def get(self, request: Request) -> Response:
         states = {s for s in request.query_params.get("state", "").split(",") if s} or {"running"}
         wanted = translate.metadata_filter(request.query_params.get("metadata"))
-        principal = request.auth
+        principal = principal_of(request)
         found = []
         listed = [SandboxState.RUNNING] if "running" in states else []
         if "paused" in states:
@@ -251,7 +254,7 @@ class NotSupportedApi(E2BApi):
 
 
 class EnvdApi(E2BApi):
-    def envd_sandbox(self, request: Request):  # type: ignore[no-untyped-def]
+    def envd_sandbox(self, request: Request) -> Sandbox:
         return self.sandbox(request, request.headers.get(SANDBOX_ID_HEADER, ""))
 
 

@@ -11,12 +11,13 @@ import asyncio
 import secrets
 import stat as stat_module
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from e2b.envd.filesystem import filesystem_pb as pb
+from e2b.envd.filesystem.filesystem_connect import Filesystem
 from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
@@ -113,7 +114,7 @@ def _spec(path: str, recursive: bool) -> WatchSpec:
     return WatchSpec(path=_relative(path), recursive=recursive, debounce_ms=50)
 
 
-class FilesystemService:
+class FilesystemService(Filesystem):
     """filesystem.Filesystem for the SDK's files module."""
 
     async def stat(self, request: pb.StatRequest, ctx: RequestContext[Any, Any]) -> pb.StatResponse:
@@ -201,13 +202,17 @@ class FilesystemService:
             )
         )
         try:
-            yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
+            start: Oneof[Literal["start"], pb.WatchDirResponse.StartEvent]
+            start = Oneof("start", pb.WatchDirResponse.StartEvent())
+            yield pb.WatchDirResponse(event=start)
             while True:
                 message = await queue.get()
                 if message.get("type") != "files":
                     return
                 for event in _events(message, spec.path):
-                    yield pb.WatchDirResponse(event=Oneof("filesystem", event))
+                    changed: Oneof[Literal["filesystem"], pb.FilesystemEvent]
+                    changed = Oneof("filesystem", event)
+                    yield pb.WatchDirResponse(event=changed)
         finally:
             watcher.close()
 

@@ -14,12 +14,13 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal, cast
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 from e2b.envd.process import process_pb as pb
+from e2b.envd.process.process_connect import Process
 from protobuf import Oneof
 
 from sandboxes.caller import Caller
@@ -47,6 +48,9 @@ _pty_pids = itertools.count(PTY_PID_BASE)
 
 Event = tuple[str, Any]
 """('stdout' | 'stderr' | 'pty', bytes) or ('end', (exit_code, status))."""
+Output = (
+    Oneof[Literal["stdout"], bytes] | Oneof[Literal["stderr"], bytes] | Oneof[Literal["pty"], bytes]
+)
 
 
 class E2BProcess:
@@ -158,21 +162,25 @@ def _event(event: pb.ProcessEvent, response: type[Any]) -> Any:
 
 
 def _start_event(pid: int) -> pb.ProcessEvent:
-    return pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))
+    start: Oneof[Literal["start"], pb.ProcessEvent.StartEvent]
+    start = Oneof("start", pb.ProcessEvent.StartEvent(pid=pid))
+    return pb.ProcessEvent(event=start)
 
 
 def _to_event(item: Event) -> pb.ProcessEvent:
     kind, value = item
     if kind == "end":
         exit_code, status = value
-        return pb.ProcessEvent(
-            event=Oneof(
-                "end", pb.ProcessEvent.EndEvent(exit_code=exit_code, exited=True, status=status)
-            )
+        end: Oneof[Literal["end"], pb.ProcessEvent.EndEvent]
+        end = Oneof(
+            "end", pb.ProcessEvent.EndEvent(exit_code=exit_code, exited=True, status=status)
         )
-    return pb.ProcessEvent(
-        event=Oneof("data", pb.ProcessEvent.DataEvent(output=Oneof(kind, value)))
-    )
+        return pb.ProcessEvent(event=end)
+    # Any other kind is an output stream's (see Event).
+    output = cast(Output, Oneof(kind, value))
+    data: Oneof[Literal["data"], pb.ProcessEvent.DataEvent]
+    data = Oneof("data", pb.ProcessEvent.DataEvent(output=output))
+    return pb.ProcessEvent(event=data)
 
 
 async def _stream(
@@ -195,7 +203,7 @@ def _timeout_s(ctx: RequestContext[Any, Any]) -> float | None:
     return remaining / 1000 if remaining else None
 
 
-class ProcessService:
+class ProcessService(Process):
     """process.Process for the SDK's commands and pty modules."""
 
     async def _start_command(
@@ -319,7 +327,7 @@ class ProcessService:
             elif event.field == "data":
                 if process is None:
                     raise ConnectError(Code.INVALID_ARGUMENT, "start the stream first")
-                await self._send(caller, sandbox, process, event.value.input)
+                await self._send(caller, sandbox, process, event.value.input or pb.ProcessInput())
         return pb.StreamInputResponse()
 
     async def send_signal(

@@ -47,7 +47,8 @@ class RawBytesParser(parsers.BaseParser):
 
     media_type = "*/*"
 
-    def parse(
+    # DRF uses whatever parse returns as request.data; the stubs allow only a mapping.
+    def parse(  # type: ignore[override]
         self,
         stream: IO[bytes] | None,
         media_type: str | None = None,
@@ -199,7 +200,7 @@ class SandboxListApi(SandboxApi):
         return self._paginator
 
     @extend_schema(request=s.SandboxCreateInput, responses={201: s.SandboxOutput})
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         data = _validated(s.SandboxCreateInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)
@@ -238,7 +239,7 @@ class SandboxDetailApi(SandboxApi):
         return Response(s.SandboxOutput(self.sandbox(request, sandbox_id)).data)
 
     @extend_schema(responses=s.SandboxOutput)
-    def delete(self, request: Request, sandbox_id: str) -> Response:
+    def delete(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(principal_of(request))
 
@@ -256,7 +257,7 @@ class SandboxTimeoutApi(SandboxApi):
     a billed sandbox alive past what its minter chose."""
 
     @extend_schema(request=s.TimeoutInput, responses=s.SandboxOutput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.TimeoutInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -289,7 +290,7 @@ class SandboxCommandApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CommandInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.CommandInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -327,7 +328,7 @@ class SandboxCodeApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.CodeInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.CodeInput, request.data)
         language = code_services.resolve_language(data["code"], data.get("language"))
         sandbox = self.sandbox(request, sandbox_id)
@@ -370,7 +371,7 @@ class FilesApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
     @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -386,7 +387,7 @@ class FilesApi(SandboxApi):
         return self.operate(request, run)
 
     @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
-    def delete(self, request: Request, sandbox_id: str) -> Response:
+    def delete(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         if not query["path"] or query["path"] in (".", "/workspace", "/workspace/"):
             raise ApplicationError(
@@ -415,7 +416,7 @@ class FileContentApi(SandboxApi):
             OpenApiParameter("length", int, description="Bytes to read (default: to the end)."),
         ]
     )
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         if not request.query_params.get("path"):
             # PathQuery defaults to the workspace, which listing wants and reading cannot use.
@@ -442,7 +443,7 @@ class FileContentApi(SandboxApi):
         return self.operate(request, run)
 
     @extend_schema(parameters=[PATH_PARAM], request={"application/octet-stream": bytes})
-    def put(self, request: Request, sandbox_id: str) -> Response:
+    def put(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         if query["path"] in ("", "."):
             raise ApplicationError("A file path is required.", code="validation_error")
@@ -463,7 +464,7 @@ class FileStatApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM])
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -482,7 +483,7 @@ class FileExistsApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(parameters=[PATH_PARAM], responses=s.ExistsOutput)
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -498,7 +499,7 @@ class MkdirApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MkdirInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.MkdirInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -514,7 +515,7 @@ class MoveApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.MoveInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.MoveInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -534,7 +535,7 @@ class ProcessListApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
@@ -544,7 +545,7 @@ class ProcessListApi(SandboxApi):
         return self.operate(request, run)
 
     @extend_schema(request=s.ProcessStartInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.ProcessStartInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -567,7 +568,7 @@ class ProcessSignalApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=s.SignalInput)
-    def post(self, request: Request, sandbox_id: str, pid: int) -> Response:
+    def post(self, request: Request, sandbox_id: str, pid: int) -> HttpResponse:
         data = _validated(s.SignalInput, request.data)
         services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
         sandbox = self.sandbox(request, sandbox_id)
@@ -599,7 +600,7 @@ class ProcessOutputApi(SandboxApi):
             ),
         ]
     )
-    def get(self, request: Request, sandbox_id: str, pid: int) -> Response:
+    def get(self, request: Request, sandbox_id: str, pid: int) -> HttpResponse:
         query = _validated(s.BackgroundOutputQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -629,7 +630,7 @@ class ProcessOutputApi(SandboxApi):
 
 class SandboxTokenApi(SandboxApi):
     @extend_schema(request=s.TokenInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.TokenInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
         principal = principal_of(request)
@@ -653,7 +654,7 @@ class SandboxTokenApi(SandboxApi):
 
 class RunApi(SandboxApi):
     @extend_schema(request=s.RunInput)
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         data = _validated(s.RunInput, request.data)
         principal = principal_of(request)
         _no_tokens(principal)

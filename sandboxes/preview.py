@@ -56,7 +56,8 @@ import logging
 import os
 import re
 import socket
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from asgiref.sync import sync_to_async
@@ -90,6 +91,7 @@ PREVIEW_HOST = re.compile(
 )
 SANDBOX_LABEL = re.compile(r"^sbx_[0-9a-f]+$")
 HOST_TARGET = "sandpit.preview_target"
+AsgiApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 """Scope key: (sandbox id, port) of a request addressed to a preview host."""
 COOKIE_NAME = "sandpit_preview"
 PREVIEW_TOKEN_TTL_S = 3600
@@ -761,7 +763,8 @@ class PreviewRouter:
 
     def __init__(self, django_app: Any) -> None:
         self.django_app = django_app
-        self.proxy = AuthMiddlewareStack(PreviewHttpProxy())
+        # Channels types its middleware for its own scope TypedDicts; it is an ASGI app.
+        self.proxy = cast(AsgiApp, AuthMiddlewareStack(PreviewHttpProxy()))
         self.host_proxy = PreviewHttpProxy()  # no session middleware: not accepted there
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -96,7 +97,7 @@ class TerminalListApi(SandboxApi):
         return Response({"results": [terminal_data(request, t) for t in terminals]})
 
     @extend_schema(request=TerminalCreateInput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(TerminalCreateInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -126,7 +127,7 @@ class TerminalDetailApi(SandboxApi):
             terminal_data(request, terminal_get(sandbox=sandbox, terminal_id=terminal_id))
         )
 
-    def delete(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
+    def delete(self, request: Request, sandbox_id: str, terminal_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
 
@@ -142,7 +143,7 @@ class TerminalResizeApi(SandboxApi):
     sandbox_token_methods = frozenset({"POST"})
 
     @extend_schema(request=TerminalResizeInput)
-    def post(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str, terminal_id: str) -> HttpResponse:
         data = _validated(TerminalResizeInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
         terminal_get(sandbox=sandbox, terminal_id=terminal_id)
@@ -164,7 +165,7 @@ class PortListApi(SandboxApi):
     required_scope = "ports"
     sandbox_token_methods = frozenset({"GET"})
 
-    def get(self, request: Request, sandbox_id: str) -> Response:
+    def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:

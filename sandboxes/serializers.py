@@ -57,12 +57,11 @@ class StrictFloatField(serializers.FloatField):
         return float(super().to_internal_value(data))
 
 
-def validate_path_text(value: str) -> str:
+def validate_path_text(value: str) -> None:
     if "\x00" in value:
         raise serializers.ValidationError("Paths must not contain NUL bytes.")
     if len(value.encode()) > MAX_PATH_CHARS:
         raise serializers.ValidationError(f"Paths are limited to {MAX_PATH_CHARS} bytes.")
-    return value
 
 
 class PathField(StrictCharField):
@@ -72,7 +71,7 @@ class PathField(StrictCharField):
         super().__init__(validators=[validate_path_text], **kwargs)
 
 
-def validate_env(value: dict[str, str]) -> dict[str, str]:
+def validate_env(value: dict[str, str]) -> None:
     if len(value) > MAX_ENV_VARS:
         raise serializers.ValidationError(f"At most {MAX_ENV_VARS} environment variables.")
     for key, item in value.items():
@@ -80,7 +79,6 @@ def validate_env(value: dict[str, str]) -> dict[str, str]:
             raise serializers.ValidationError(f"Invalid environment variable name '{key}'.")
         if len(key) > 256 or len(item) > 32768:
             raise serializers.ValidationError("Environment variable too long.")
-    return value
 
 
 class EnvField(serializers.DictField):
@@ -377,7 +375,8 @@ def code_run_data(run: CodeRun, encoding: str = "utf-8") -> dict[str, Any]:
 
 class LanguageOutput(serializers.Serializer):
     name = serializers.CharField(help_text="What `language` takes (/code, /run, the SDK).")
-    label = serializers.CharField(help_text="A name for people (the playground's menu).")
+    # A declared field (the serializer's metaclass takes it off the class), not Field.label.
+    label = serializers.CharField(help_text="A name for people (the playground's menu).")  # type: ignore[assignment]
     compiled = serializers.BooleanField(help_text="Compiled before it runs.")
     extensions = serializers.ListField(
         child=serializers.CharField(), help_text="File extensions, without the dot."
@@ -458,7 +457,7 @@ class MoveInput(InputSerializer):
     from_ = PathField(help_text="The file or directory to move.")
     to = PathField(help_text="Its new path.")
 
-    def get_fields(self):  # type: ignore[no-untyped-def]
+    def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
         fields["from"] = fields.pop("from_")
         return fields

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -76,7 +77,7 @@ class SandboxSnapshotListApi(SandboxApi):
         )
 
     @extend_schema(request=SnapshotCreateInput, responses={201: SnapshotOutput})
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         serializer = SnapshotCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         sandbox = self.sandbox(request, sandbox_id)
@@ -123,7 +124,7 @@ class SandboxForkApi(SandboxApi):
     """POST: a new sandbox with a copy of this one's files (counted once)."""
 
     @extend_schema(request=None, responses={201: s.SandboxOutput})
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(request)
         principal = principal_of(request)
@@ -139,7 +140,7 @@ class SandboxPauseApi(SandboxApi):
     """POST: freeze the sandbox's processes, memory kept (counted once)."""
 
     @extend_schema(request=None, responses=s.SandboxOutput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(request)
 
@@ -154,7 +155,7 @@ class SandboxResumeApi(SandboxApi):
     """POST: thaw a paused sandbox, or start an archived one from its archive (counted once)."""
 
     @extend_schema(request=None, responses=s.SandboxOutput)
-    def post(self, request: Request, sandbox_id: str) -> Response:
+    def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(request)
 

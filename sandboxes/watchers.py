@@ -221,7 +221,7 @@ class FileWatcher:
         iterator = self._iterator
         if iterator is not None and hasattr(iterator, "close"):
             try:
-                iterator.close()  # type: ignore[attr-defined]
+                iterator.close()
             except ValueError:
                 # A generator blocked in next() in the pump thread cannot be closed from
                 # here; it ends at its next event or when the sandbox goes.

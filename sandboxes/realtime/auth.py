@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
@@ -36,19 +37,19 @@ class RealtimeDenied(Exception):
         self.message = message
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
+def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     for key, value in scope.get("headers") or ():
         if key.lower() == name:
             return str(value.decode("latin-1"))
     return None
 
 
-def _query_param(scope: dict[str, Any], name: str) -> str | None:
+def _query_param(scope: Mapping[str, Any], name: str) -> str | None:
     values = parse_qs((scope.get("query_string") or b"").decode("latin-1")).get(name)
     return values[-1] if values else None
 
 
-def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = None) -> Principal:
+def principal_from_scope(scope: Mapping[str, Any], *, cookie_token: str | None = None) -> Principal:
     """Resolve the caller of an ASGI scope to a Principal (synchronous: ORM inside).
 
     Order: `?token=` sandbox JWT, then `Authorization: Bearer` (API key or JWT), then
@@ -98,7 +99,7 @@ def principal_from_scope(scope: dict[str, Any], *, cookie_token: str | None = No
 
 
 def realtime_authorize(
-    scope: dict[str, Any],
+    scope: Mapping[str, Any],
     *,
     sandbox_id: str,
     required_scope: str | None,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
+from asgiref.typing import WebSocketReceiveEvent
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 
@@ -72,7 +73,7 @@ class TerminalConsumer(OutboundConsumer):
         handled one after another, in order, as there. tests/realtime/test_keystroke_dispatch.py
         fails if a Channels upgrade changes what this replaces."""
         self.scope = scope
-        self.channel_layer = None
+        self.channel_layer = None  # type: ignore[assignment]  # Channels' value with no layer
         self.base_send = send
         try:
             while True:
@@ -99,7 +100,7 @@ class TerminalConsumer(OutboundConsumer):
         message takes Channels' own path. tests/realtime/test_keystroke_dispatch.py fails if
         a Channels upgrade changes what this relies on."""
         if message["type"] == "websocket.receive":
-            await self.websocket_receive(message)
+            await self.websocket_receive(cast(WebSocketReceiveEvent, message))
             return
         await super().dispatch(message)
 

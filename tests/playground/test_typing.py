@@ -1,5 +1,6 @@
-"""mypy (with the django and DRF plugins) reports no error on the modules pyproject.toml's
-[tool.mypy] lists: the providers, the services, the in-sandbox agent, models and billing.
+"""mypy (with the django and DRF plugins) reports no error on the packages pyproject.toml's
+[tool.mypy] lists: the whole application (sandboxes, playground, accounts, billing,
+e2bcompat), interfaces included.
 
 Runs in the suite so CI runs it; the cache under var/ keeps reruns to seconds, and a fresh
 clone builds it on the first run.

@@ -12,6 +12,10 @@ from playground.errors import ApplicationError
 from sandboxes.template_builtins import BUILTINS, templates_builtin_build
 
 
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(text)
+
+
 class Command(BaseCommand):
     help = (
         "Build the built-in templates (default: all) as Docker images and local root file "
@@ -29,7 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         names = options["names"] or list(BUILTINS)
-        echo = None if options["quiet"] else sys.stderr.write
+        echo = None if options["quiet"] else _to_stderr
         started = time.monotonic()
         try:
             built = templates_builtin_build(names, record=not options["no_db"], on_output=echo)
