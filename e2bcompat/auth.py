@@ -65,8 +65,8 @@ def envd_sandbox(
     return principal, sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
 
 
-def _request_headers(request: object) -> dict[str, str]:
-    return {k.lower(): v for k, v in request.headers.items()}  # type: ignore[attr-defined]
+def _request_headers(request: Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
 
 
 class E2BAuthentication(authentication.BaseAuthentication):
