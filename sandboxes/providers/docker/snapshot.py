@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,7 @@ class DockerSnapshots:
             drain.start()
             data = archive_stdout(source)
             try:
-                while chunk := data.read(CHUNK):
-                    raw.sendall(chunk)
+                _feed(raw, data, lambda: _running(api, cid, exec_id))
             except OSError:
                 pass  # tar stopped reading (an error, reported below)
             with suppress(OSError):
@@ -151,6 +151,32 @@ class DockerSnapshots:
             raise ProviderError(f"Restoring the snapshot failed: {detail or f'exit {code}'}")
         if not intact:
             raise ProviderError("The snapshot archive is damaged.")
+
+
+def _feed(raw: socket.socket, data: Any, running: Callable[[], bool]) -> None:
+    """Send the archive to tar's stdin until it ends or tar has exited. Once tar is gone
+    (a full disk, SIGXFSZ) the engine stops reading the exec's socket without closing it,
+    so a blocking send would wait for the connection's own timeout (~100 s here): send
+    without blocking and ask the engine whether tar still runs whenever the socket stays
+    full for a second."""
+    poller = select.poll()
+    poller.register(raw, select.POLLOUT)
+    while chunk := data.read(CHUNK):
+        view = memoryview(chunk)
+        while view:
+            if not poller.poll(1000):
+                if not running():
+                    return
+                continue
+            try:
+                view = view[raw.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                continue
+
+
+def _running(api: Any, cid: str, exec_id: str) -> bool:
+    with translate(cid):
+        return bool(api.exec_inspect(exec_id).get("Running"))
 
 
 def _exit_code(api: Any, cid: str, exec_id: str) -> int | None:
