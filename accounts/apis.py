@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from playground.errors import Forbidden
-from playground.inputs import InputSerializer
+from common.errors import Forbidden
+from common.inputs import InputSerializer
 
 from . import services
 from .models import ApiKey, Invitation, Membership, Organization, Role

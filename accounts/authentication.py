@@ -104,7 +104,7 @@ class TokenRefused(exceptions.APIException):
     def __init__(self, status_code: int, code: str, message: str) -> None:
         super().__init__(message, code)
         self.status_code = status_code
-        # playground.errors renders `default_code` as the error code of a DRF exception.
+        # common.errors renders `default_code` as the error code of a DRF exception.
         self.default_code = code
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from playground.errors import NotFound
+from common.errors import NotFound
 
 from .models import MANAGER_ROLES, ApiKey, Invitation, Membership, Organization, Role, User
 

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from playground.errors import ApplicationError, Conflict, Forbidden, NotFound
+from common.errors import ApplicationError, Conflict, Forbidden, NotFound
 
 from .models import ApiKey, Invitation, Membership, Organization, Role, User
 

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -44,8 +45,6 @@ _clients_lock = threading.Lock()
 def _script(url: str) -> Any:
     script = _clients.get(url)
     if script is None:
-        import redis
-
         with _clients_lock:
             script = _clients.get(url)
             if script is None:

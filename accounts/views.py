@@ -16,7 +16,7 @@ from django.urls import Resolver404, resolve, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import attempts, services
 from .forms import (

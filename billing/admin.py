@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.permissions import signed_in_user
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 
 from . import services
 from .models import (

@@ -28,7 +28,7 @@ from accounts.permissions import (
     principal_of,
     signed_in_user,
 )
-from playground.inputs import InputSerializer
+from common.inputs import InputSerializer
 
 from . import pricing, selectors, services
 from .models import Invoice

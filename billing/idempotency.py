@@ -14,7 +14,7 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from playground.errors import ApplicationError, Conflict
+from common.errors import ApplicationError, Conflict
 
 from .models import IdempotencyRecord, IdempotencyState
 

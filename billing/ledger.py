@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from datetime import date, datetime
 
 from django.db import connection
+from django.db.models import Sum
 
-from .models import UsageDaily, UsageEvent
+from . import pricing
+from .models import PlanChange, UsageDaily, UsageEvent
 
 _CHUNK = 1000
 
@@ -103,3 +105,39 @@ def daily_add(counts: Counter[tuple[int, date, int]]) -> None:
                 f"DO UPDATE SET count = {table}.count + EXCLUDED.count",
                 params,
             )
+
+
+# --- reads the meter needs (selectors re-use them) -----------------------------------------
+
+
+def usage_count_in_ledger(*, organization_id: int, start: date) -> int:
+    """Executions of the period already in the database: the rollup plus ledger rows not
+    yet folded into it (embedded mode). Excludes events still in Redis."""
+    begin, end = pricing.period_bounds(start)
+    rolled = UsageDaily.objects.filter(
+        organization_id=organization_id, day__gte=begin.date(), day__lt=end.date()
+    ).aggregate(total=Sum("count"))["total"]
+    loose = UsageEvent.objects.filter(
+        aggregated_at__isnull=True,
+        organization_id=organization_id,
+        occurred_at__gte=begin,
+        occurred_at__lt=end,
+    ).count()
+    return int(rolled or 0) + loose
+
+
+def usage_count_between(*, organization_id: int, begin: datetime, end: datetime) -> int:
+    """Ledger rows of the organization with begin <= occurred_at < end (an index range count)."""
+    return UsageEvent.objects.filter(
+        organization_id=organization_id, occurred_at__gte=begin, occurred_at__lt=end
+    ).count()
+
+
+def plan_change_due(*, organization_id: int, now: datetime) -> bool:
+    """A scheduled plan change has reached its effective time but is not applied yet."""
+    return PlanChange.objects.filter(
+        organization_id=organization_id,
+        applied_at__isnull=True,
+        canceled_at__isnull=True,
+        effective_at__lte=now,
+    ).exists()

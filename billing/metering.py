@@ -28,16 +28,27 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Protocol
 
+import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import LockError
 
 from accounts.models import Organization
-from playground.errors import PaymentRequired
+from common.errors import PaymentRequired
 
 from . import pricing
-from .ledger import MeteredEvent, daily_add, daily_counts, ledger_insert
+from .ledger import (
+    MeteredEvent,
+    daily_add,
+    daily_counts,
+    ledger_insert,
+    plan_change_due,
+    usage_count_between,
+    usage_count_in_ledger,
+)
+from .models import PlanChange, UsageEvent
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +141,6 @@ class RedisMeter:
     """Counters, dedupe keys and the event stream in Redis; see the module docstring."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        import redis
-
         self.client: Any = redis.Redis.from_url(url)
         self.prefix = prefix
         self.stream = f"{prefix}:events"
@@ -198,8 +207,6 @@ class RedisMeter:
         begin, _ = pricing.period_bounds(start)
         epoch_at = _from_micros(int(epoch))
         if epoch_at > begin and seeded_flag is None:
-            from .selectors import usage_count_between
-
             base = usage_count_between(organization_id=organization_id, begin=begin, end=epoch_at)
             count = self._seed(keys=[seeded, counter], args=[base, COUNTER_TTL_S])
         due = change_at is not None and float(change_at) <= now.timestamp()
@@ -295,8 +302,6 @@ class DatabaseMeter:
         values = cache.get_many([counter, self._plan_change(organization_id)])
         count = values.get(counter)
         if count is None:
-            from .selectors import plan_change_due, usage_count_in_ledger
-
             count = usage_count_in_ledger(organization_id=organization_id, start=start)
             cache.set(counter, count, LOCAL_COUNTER_TTL_S)
             if plan_change_due(organization_id=organization_id, now=now):
@@ -373,8 +378,6 @@ def metering_authorize(
     meter = get_meter()
     state = meter.period_state(organization.pk, start, now)
     if state.plan_change_due:
-        from .services import plan_changes_apply_due
-
         plan_changes_apply_due(organization=organization, now=now)
     allowance = settings.SANDPIT_FREE_MONTHLY_EXECUTIONS
     if organization.plan == pricing.FREE:
@@ -451,8 +454,6 @@ def _existing_organization_ids(ids: set[int]) -> set[int]:
 
 def flush_redis(meter: RedisMeter, *, batch_size: int, max_batches: int) -> FlushResult:
     """Move stream entries into the ledger and rollup, batch by batch; see the module docstring."""
-    from redis.exceptions import LockError
-
     lock = meter.client.lock(meter.flush_lock, timeout=300, blocking=False)
     if not lock.acquire():
         return FlushResult(0, 0, skipped=True)
@@ -490,8 +491,6 @@ def flush_redis(meter: RedisMeter, *, batch_size: int, max_batches: int) -> Flus
 
 def flush_database(*, batch_size: int, max_batches: int) -> FlushResult:
     """Fold ledger rows not yet aggregated into UsageDaily (embedded mode)."""
-    from .models import UsageEvent
-
     read = 0
     for _ in range(max_batches):
         with transaction.atomic():
@@ -515,3 +514,25 @@ def flush_database(*, batch_size: int, max_batches: int) -> FlushResult:
         if len(rows) < batch_size:
             break
     return FlushResult(read, read)
+
+
+def plan_changes_apply_due(*, organization: Organization, now: datetime | None = None) -> None:
+    """Apply scheduled plan changes whose time has come to Organization.plan (idempotent).
+    Updates `organization` in place."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        due = list(
+            PlanChange.objects.select_for_update()
+            .filter(
+                organization_id=organization.pk,
+                applied_at__isnull=True,
+                canceled_at__isnull=True,
+                effective_at__lte=now,
+            )
+            .order_by("effective_at", "id")
+        )
+        if due:
+            Organization.objects.filter(pk=organization.pk).update(plan=due[-1].plan)
+            PlanChange.objects.filter(pk__in=[c.pk for c in due]).update(applied_at=now)
+        transaction.on_commit(lambda: get_meter().flag_plan_change(organization.pk, None))
+    organization.plan = Organization.objects.values_list("plan", flat=True).get(pk=organization.pk)

@@ -7,48 +7,16 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 
 from django.conf import settings
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from accounts.models import ApiKey, Organization
-from playground.errors import NotFound
+from common.errors import NotFound
 
 from . import pricing
+from .ledger import usage_count_in_ledger
 from .metering import get_meter
 from .models import Invoice, PlanChange, UsageDaily, UsageEvent
-
-
-def usage_count_in_ledger(*, organization_id: int, start: date) -> int:
-    """Executions of the period already in the database: the rollup plus ledger rows not
-    yet folded into it (embedded mode). Excludes events still in Redis."""
-    begin, end = pricing.period_bounds(start)
-    rolled = UsageDaily.objects.filter(
-        organization_id=organization_id, day__gte=begin.date(), day__lt=end.date()
-    ).aggregate(total=Sum("count"))["total"]
-    loose = UsageEvent.objects.filter(
-        aggregated_at__isnull=True,
-        organization_id=organization_id,
-        occurred_at__gte=begin,
-        occurred_at__lt=end,
-    ).count()
-    return int(rolled or 0) + loose
-
-
-def usage_count_between(*, organization_id: int, begin: datetime, end: datetime) -> int:
-    """Ledger rows of the organization with begin <= occurred_at < end (an index range count)."""
-    return UsageEvent.objects.filter(
-        organization_id=organization_id, occurred_at__gte=begin, occurred_at__lt=end
-    ).count()
-
-
-def plan_change_due(*, organization_id: int, now: datetime) -> bool:
-    """A scheduled plan change has reached its effective time but is not applied yet."""
-    return PlanChange.objects.filter(
-        organization_id=organization_id,
-        applied_at__isnull=True,
-        canceled_at__isnull=True,
-        effective_at__lte=now,
-    ).exists()
 
 
 def plan_scheduled(*, organization: Organization) -> PlanChange | None:

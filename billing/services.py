@@ -12,9 +12,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import Organization, User
-from playground.errors import ApplicationError, Conflict
+from common.errors import ApplicationError, Conflict
 
 from . import metering, pricing
+from .ledger import usage_count_in_ledger
+from .metering import plan_changes_apply_due
 from .models import (
     IdempotencyRecord,
     Invoice,
@@ -24,7 +26,7 @@ from .models import (
     PlanChange,
 )
 from .payments import get_payment_gateway
-from .selectors import plan_for_period, plan_scheduled, usage_count_in_ledger
+from .selectors import plan_for_period, plan_scheduled
 
 logger = logging.getLogger(__name__)
 
@@ -115,28 +117,6 @@ def organization_plan_change(
         transaction.on_commit(lambda: metering.get_meter().flag_plan_change(org.pk, flag))
     organization.plan = org.plan
     return plan_state(organization=organization)
-
-
-def plan_changes_apply_due(*, organization: Organization, now: datetime | None = None) -> None:
-    """Apply scheduled plan changes whose time has come to Organization.plan (idempotent).
-    Updates `organization` in place."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        due = list(
-            PlanChange.objects.select_for_update()
-            .filter(
-                organization_id=organization.pk,
-                applied_at__isnull=True,
-                canceled_at__isnull=True,
-                effective_at__lte=now,
-            )
-            .order_by("effective_at", "id")
-        )
-        if due:
-            Organization.objects.filter(pk=organization.pk).update(plan=due[-1].plan)
-            PlanChange.objects.filter(pk__in=[c.pk for c in due]).update(applied_at=now)
-        transaction.on_commit(lambda: metering.get_meter().flag_plan_change(organization.pk, None))
-    organization.plan = Organization.objects.values_list("plan", flat=True).get(pk=organization.pk)
 
 
 def plan_changes_apply_all_due(*, now: datetime | None = None) -> int:

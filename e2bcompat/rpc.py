@@ -13,10 +13,11 @@ from connectrpc.request import RequestContext
 
 from accounts.authentication import Principal
 from accounts.throttling import PerKeyRateThrottle
-from playground.errors import ApplicationError
+from common.coded import CodedError
+from common.errors import ApplicationError
 from sandboxes.caller import Caller
 from sandboxes.models import Sandbox
-from sandboxes.providers.base import FileConflict, ProviderError
+from sandboxes.providers.base import FileConflict
 
 from .auth import E2BAuthFailed, envd_sandbox, principal_from_headers
 
@@ -44,12 +45,9 @@ def connect_error(exc: Exception) -> ConnectError:
         return exc
     if isinstance(exc, FileConflict):
         return ConnectError(Code.ALREADY_EXISTS, exc.message)
-    if isinstance(exc, ApplicationError):
-        code, status, message = exc.code, exc.status_code, exc.message
-    elif isinstance(exc, ProviderError):
-        code, status, message = exc.code, exc.http_status, exc.message
-    else:
+    if not isinstance(exc, CodedError):
         raise exc
+    code, status, message = exc.code, exc.status_code, exc.message
     if code in ("sandbox_not_running", "sandbox_gone") or status == 410:
         return ConnectError(Code.UNAVAILABLE, f"The sandbox was not found: {message}")
     return ConnectError(_STATUS_CODES.get(status, Code.UNAVAILABLE), message)
@@ -103,12 +101,12 @@ async def call(fn: Callable[..., T], /, **kwargs: Any) -> T:
     """A synchronous service in the ORM thread, its errors as Connect errors."""
     try:
         return await database_sync_to_async(fn)(**kwargs)
-    except (ApplicationError, ProviderError) as exc:
+    except CodedError as exc:
         raise connect_error(exc) from None
 
 
 async def guarded(awaitable: Awaitable[T]) -> T:
     try:
         return await awaitable
-    except (ApplicationError, ProviderError) as exc:
+    except CodedError as exc:
         raise connect_error(exc) from None

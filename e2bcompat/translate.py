@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qsl
 
 from django.conf import settings
 
 from accounts.models import Organization
-from playground.errors import ApplicationError, NotFound
+from common.errors import ApplicationError, NotFound
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers import configured_provider_names
 from sandboxes.selectors import template_by_name
@@ -139,8 +140,6 @@ def require_running(sandbox: Sandbox, *, paused_too: bool = False) -> None:
 
 def metadata_filter(raw: str | None) -> dict[str, str]:
     """The `metadata` query of GET /v2/sandboxes: a form-encoded `k=v&k2=v2` string."""
-    from urllib.parse import parse_qsl
-
     if not raw:
         return {}
     try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from django.conf import settings
 
-from playground.logging import install_routine_task_filter
+from common.logging import install_routine_task_filter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
 
@@ -17,8 +18,6 @@ install_routine_task_filter()
 
 
 def _interval(name: str, default: float) -> float:
-    from django.conf import settings
-
     return float(getattr(settings, name, default))
 
 

@@ -12,6 +12,10 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from playground.celery import app
+from sandboxes.engines import engine_reports
+from sandboxes.providers import configured_provider_names, get_provider
+
 
 def _timed(check: Callable[[], object]) -> dict[str, Any]:
     started = time.perf_counter()
@@ -45,16 +49,12 @@ def _check_channel_layer() -> str:
 
 
 def _check_broker() -> str:
-    from playground.celery import app
-
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=2)
         return conn.transport_cls if isinstance(conn.transport_cls, str) else conn.as_uri()
 
 
 def provider_health_report() -> dict[str, dict[str, Any]]:
-    from sandboxes.providers import configured_provider_names, get_provider
-
     report: dict[str, dict[str, Any]] = {}
     for name in configured_provider_names():
 
@@ -70,8 +70,6 @@ def provider_health_report() -> dict[str, dict[str, Any]]:
 
 def docker_engine_report() -> dict[str, Any]:
     """Each Docker engine's state (sandboxes/engines.py); {} without the docker provider."""
-    from sandboxes.engines import engine_reports
-
     try:
         return {report.status.name: report.as_json() for report in engine_reports()}
     except Exception as exc:  # noqa: BLE001 - a health page reports every failure

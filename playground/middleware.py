@@ -18,7 +18,7 @@ from django.http.response import HttpResponseBase
 from django.middleware import clickjacking, common, csrf, security
 from django.utils.deprecation import MiddlewareMixin
 
-from .logging import request_id_var
+from common.logging import request_id_var
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 

@@ -109,9 +109,9 @@ class _MiddlewareList(list):
 MIDDLEWARE = _MiddlewareList(
     [
         # Outermost, so even Django's own refusals under /api/ leave as JSON.
-        "playground.errors.ApiErrorShapeMiddleware",
+        "common.errors.ApiErrorShapeMiddleware",
         # Django's own middleware, subclassed to run inline under ASGI (see playground/middleware.py).
-        "playground.metrics.LatencyMiddleware",
+        "common.metrics.LatencyMiddleware",
         "playground.middleware.SecurityMiddleware",
         "playground.csp.ContentSecurityPolicyMiddleware",
         "servestatic.middleware.ServeStaticMiddleware",
@@ -279,10 +279,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.HasOrganization"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["playground.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "playground.pagination.CursorlessPagination",
+    "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "common.pagination.CursorlessPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "playground.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "common.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "playground.schema.SandpitAutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.PerKeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("SANDPIT_API_RATE", "6000/min")},
@@ -441,9 +441,9 @@ LOG_JSON = env_bool("SANDPIT_LOG_JSON", PRODUCTION)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_context": {"()": "playground.logging.RequestContextFilter"}},
+    "filters": {"request_context": {"()": "common.logging.RequestContextFilter"}},
     "formatters": {
-        "json": {"()": "playground.logging.JsonFormatter"},
+        "json": {"()": "common.logging.JsonFormatter"},
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
     },
     "handlers": {

@@ -3,11 +3,12 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from accounts import views as account_views
+from common import errors
 
-from . import errors, health, metrics, views
+from . import health, metrics, views
 
-handler404 = "playground.errors.handler404"
-handler500 = "playground.errors.handler500"
+handler404 = "common.errors.handler404"
+handler500 = "common.errors.handler500"
 
 api_v1 = [
     path("", include("accounts.urls")),

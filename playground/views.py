@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from accounts.authentication import Principal, principal_for_session_user
 from accounts.selectors import current_organization_for_session, organization_manager_emails
 from billing import pricing
-from playground.errors import NotFound
+from common.errors import NotFound
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 from sandboxes.selectors import sandbox_get_for_principal

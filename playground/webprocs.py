@@ -25,6 +25,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from django.conf import settings
+
 _BINDING_OPTIONS = ("-b", "--bind", "-p", "--port", "--processes")
 
 
@@ -63,8 +65,6 @@ def without_binding(args: Sequence[str]) -> list[str]:
 
 def check_shareable_state() -> None:
     """Refuse several processes where per-process state would split the service."""
-    from django.conf import settings
-
     backend = str(settings.CHANNEL_LAYERS.get("default", {}).get("BACKEND", ""))
     if backend.endswith("InMemoryChannelLayer"):
         raise SystemExit(

@@ -23,6 +23,9 @@ from typing import Any
 from daphne.cli import CommandLineInterface
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
+from django.conf import settings
+
+from common.errors import error_body
 
 logger = logging.getLogger("playground.webserver")
 
@@ -30,16 +33,12 @@ logger = logging.getLogger("playground.webserver")
 def max_request_bytes() -> int:
     """The largest request body any endpoint accepts, in bytes (read per request, so
     settings overridden in tests apply)."""
-    from django.conf import settings
-
     return int(settings.SANDPIT_MAX_REQUEST_BYTES)
 
 
 def payload_too_large_response(limit: int) -> bytes:
     """A complete HTTP/1.1 413 response in the API's one error shape; the connection
     closes after it, since the rest of the body is never read."""
-    from playground.errors import error_body
-
     body = json.dumps(
         error_body("payload_too_large", f"Request bodies are limited to {limit} bytes.")
     ).encode()
@@ -145,8 +144,6 @@ class SandpitCommandLineInterface(CommandLineInterface):
         processes = parsed.processes
         if processes is None:
             os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
-            from django.conf import settings
-
             processes = int(settings.SANDPIT_WEB_PROCESSES)
         if processes == 0:  # one per core
             processes = len(os.sched_getaffinity(0))

@@ -28,6 +28,7 @@ from typing import Any
 
 import django
 from asgiref.sync import ThreadSensitiveContext
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
 
@@ -102,6 +103,4 @@ class PooledASGIHandler(ASGIHandler):
 def get_asgi_application() -> PooledASGIHandler:
     """As django.core.asgi.get_asgi_application, with request threads kept for reuse."""
     django.setup(set_prefix=False)
-    from django.conf import settings
-
     return PooledASGIHandler(int(settings.SANDPIT_WEB_THREADS))

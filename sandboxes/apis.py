@@ -21,8 +21,8 @@ from rest_framework.views import APIView
 
 from accounts.authentication import Principal
 from accounts.permissions import principal_of
-from playground.errors import ApplicationError, Forbidden, PayloadTooLarge
-from playground.pagination import CursorlessPagination
+from common.errors import ApplicationError, Forbidden, PayloadTooLarge
+from common.pagination import CursorlessPagination
 
 from . import code_services, services
 from . import serializers as s

@@ -25,7 +25,7 @@ from billing.idempotency import (
     idempotency_event_id,
 )
 from billing.metering import metering_authorize, metering_record
-from playground.errors import Forbidden, PaymentRequired
+from common.errors import Forbidden, PaymentRequired
 
 __all__ = [
     "PLATFORM",

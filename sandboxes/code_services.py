@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from accounts.authentication import Principal
-from playground.errors import ApplicationError, Forbidden
+from common.errors import ApplicationError, Forbidden
 
 from . import languages as table
 from .activity import sandbox_touch

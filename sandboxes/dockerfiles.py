@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from playground.errors import ApplicationError, PayloadTooLarge
+from common.errors import ApplicationError, PayloadTooLarge
 
 MAX_DOCKERFILE_BYTES = 64 * 1024
 """A Dockerfile is a recipe, not a payload: larger ones are refused (413 at the API)."""

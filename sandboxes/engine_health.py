@@ -26,7 +26,7 @@ from django.core.cache import cache
 from django.db.models import Q
 from django.utils import timezone
 
-from playground import metrics
+from common import metrics
 
 from .engines import docker_engines
 from .events import sandbox_event_broadcast

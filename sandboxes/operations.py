@@ -35,8 +35,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from playground import metrics
-from playground.logging import sandbox_id_var
+from common import metrics
+from common.logging import sandbox_id_var
 
 from .models import Sandbox, SandboxState
 from .providers import configured_provider_names, get_provider

@@ -67,7 +67,7 @@ from django.conf import settings
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from playground.errors import PaymentRequired
+from common.errors import PaymentRequired
 
 from .caller import Caller
 from .models import Sandbox

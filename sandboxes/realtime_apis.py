@@ -14,7 +14,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from playground.inputs import InputSerializer
+from common.inputs import InputSerializer
 
 from . import services
 from .apis import SandboxApi, _validated

@@ -6,7 +6,7 @@ from django.db.models import F, Q, QuerySet
 
 from accounts.authentication import Principal
 from accounts.models import Organization
-from playground.errors import NotFound
+from common.errors import NotFound
 
 from .models import Sandbox, Template
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from playground.inputs import InputSerializer
+from common.inputs import InputSerializer
 
 from .code_runs import CodeRun
 from .models import Sandbox

@@ -28,9 +28,9 @@ from django.utils import timezone
 from accounts.authentication import Principal
 from accounts.models import Organization
 from accounts.tokens import sandbox_token_encode
-from playground.dbconn import release_idle_connection
-from playground.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
-from playground.metrics import counter_inc
+from common.dbconn import release_idle_connection
+from common.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
+from common.metrics import counter_inc
 
 from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
@@ -140,7 +140,7 @@ def _require_running(sandbox: Sandbox) -> None:
 def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
     """Call the provider; a sandbox that vanished under us is marked error. Provider
     outages are counted for /metrics; user-caused errors (missing file...) are not."""
-    release_idle_connection()  # not held while the provider works (playground/dbconn.py)
+    release_idle_connection()  # not held while the provider works (common/dbconn.py)
     try:
         return fn(*args, **kwargs)
     except (SandboxGone, ProviderUnavailable) as exc:
@@ -299,7 +299,7 @@ def sandbox_create(
         rootfs=launch.rootfs if launch else "",
         restore_from=snapshot.location if snapshot is not None else "",
     )
-    release_idle_connection()  # not held while the sandbox starts (playground/dbconn.py)
+    release_idle_connection()  # not held while the sandbox starts (common/dbconn.py)
     try:
         handle = provider.create(spec)
     except ProviderError as exc:

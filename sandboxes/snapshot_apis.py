@@ -13,9 +13,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.permissions import principal_of
-from playground.errors import Forbidden
-from playground.inputs import InputSerializer
-from playground.pagination import CursorlessPagination
+from common.errors import Forbidden
+from common.inputs import InputSerializer
+from common.pagination import CursorlessPagination
 
 from . import serializers as s
 from . import snapshots

@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization
-from playground.errors import Conflict, NotFound, QuotaExceeded
+from common.errors import Conflict, NotFound, QuotaExceeded
 
 from .caller import Caller, metered
 from .engines import engine_spec_labels, handle_engine

@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from playground.errors import ApplicationError, NotFound
+from common.errors import ApplicationError, NotFound
 
 from .activity import sandbox_touch_id
 from .agent_sessions import (

@@ -26,8 +26,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.permissions import principal_of
-from playground.errors import ApplicationError
-from playground.inputs import InputSerializer
+from common.errors import ApplicationError
+from common.inputs import InputSerializer
 
 from .apis import SandboxApi, _no_tokens, _validated
 from .caller import Caller

@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from accounts.models import Organization
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .dockerfiles import CheckedDockerfile, dockerfile_check
 from .languages import languages_in_rootfs

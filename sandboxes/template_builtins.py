@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 
 from .dockerfiles import CheckedDockerfile
 from .models import Template

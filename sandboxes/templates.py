@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization, Role
-from playground.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
+from common.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
 
 from .caller import Caller, metered
 from .dockerfiles import CheckedDockerfile, DockerfileRefused, dockerfile_check

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from django.conf import settings
 
-from playground.errors import Conflict, NotFound, QuotaExceeded
+from common.errors import Conflict, NotFound, QuotaExceeded
 
 from .activity import sandbox_touch_id
 from .agent_sessions import (

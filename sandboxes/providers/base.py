@@ -12,97 +12,98 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from common.coded import CodedError
+
 # ---------------------------------------------------------------------------
-# Errors: one tree, translated to HTTP in playground/errors.py
+# Errors: one tree, rendered in the one error shape by common/errors.py
 # ---------------------------------------------------------------------------
 
 
-class ProviderError(Exception):
+class ProviderError(CodedError):
     """Base of every error a provider raises. `code` is the API error code."""
 
     code = "provider_error"
-    http_status = 502
+    status_code = 502
 
     def __init__(self, message: str = "") -> None:
-        super().__init__(message or self.__class__.__doc__ or self.code)
-        self.message = message or (self.__class__.__doc__ or self.code).strip()
+        super().__init__(message or (self.__class__.__doc__ or self.code).strip())
 
 
 class ProviderUnavailable(ProviderError):
     """The provider's backend (bwrap, the Docker engine, a cloud API) cannot be reached."""
 
     code = "provider_unavailable"
-    http_status = 503
+    status_code = 503
 
 
 class ProviderNotConfigured(ProviderError):
     """The provider lacks its configuration (for example a missing credential variable)."""
 
     code = "provider_not_configured"
-    http_status = 503
+    status_code = 503
 
 
 class CapabilityNotSupported(ProviderError):
     """The provider does not support this operation."""
 
     code = "not_supported"
-    http_status = 501
+    status_code = 501
 
 
 class SandboxGone(ProviderError):
     """The sandbox no longer exists in the provider."""
 
     code = "sandbox_gone"
-    http_status = 410
+    status_code = 410
 
 
 class FileNotFound(ProviderError):
     """No such file or directory in the sandbox."""
 
     code = "file_not_found"
-    http_status = 404
+    status_code = 404
 
 
 class PathNotAllowed(ProviderError):
     """The path escapes the workspace (traversal or symlink) or is malformed."""
 
     code = "path_not_allowed"
-    http_status = 400
+    status_code = 400
 
 
 class FileConflict(ProviderError):
     """The operation conflicts with the file system (not a directory, not empty, exists)."""
 
     code = "file_conflict"
-    http_status = 409
+    status_code = 409
 
 
 class FileTooLarge(ProviderError):
     """The file is larger than the configured limit."""
 
     code = "file_too_large"
-    http_status = 413
+    status_code = 413
 
 
 class ProcessNotFound(ProviderError):
     """No such process in the sandbox."""
 
     code = "process_not_found"
-    http_status = 404
+    status_code = 404
 
 
 class InvalidRequest(ProviderError):
     """The request is malformed for this provider (unknown language, bad signal...)."""
 
     code = "invalid_request"
-    http_status = 400
+    status_code = 400
 
 
 class ResourceExhausted(ProviderError):
     """The sandbox hit a resource limit (disk full, too many processes)."""
 
     code = "resource_exhausted"
-    http_status = 507
+    status_code = 507
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from accounts.authentication import (
 )
 from accounts.services import API_KEY_PREFIX, api_key_authenticate
 from accounts.tokens import looks_like_jwt
-from playground.errors import NotFound, PaymentRequired
+from common.errors import NotFound, PaymentRequired
 from sandboxes.caller import Caller, billing_authorize
 from sandboxes.models import Sandbox
 from sandboxes.selectors import sandbox_get_for_principal

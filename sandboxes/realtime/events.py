@@ -6,7 +6,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 from sandboxes.events import sandbox_events_group
 from sandboxes.streaming import (
     ProviderError,
@@ -137,8 +137,7 @@ class SandboxEventsConsumer(OutboundConsumer):
             self.error("invalid_message", "watch: 'since' is a byte offset.")
             return
         except (ApplicationError, ProviderError) as exc:
-            status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
-            self.error(exc.code, exc.message, status=status, request_id=request_id)
+            self.error(exc.code, exc.message, status=exc.status_code, request_id=request_id)
             return
         old = self.watchers.pop(watcher.id, None)
         if old is not None:

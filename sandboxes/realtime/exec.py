@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from playground.errors import ApplicationError, PaymentRequired
+from common.errors import ApplicationError, PaymentRequired
 from sandboxes.services import parse_signal
 from sandboxes.streaming import (
     ExecStream,
@@ -207,7 +207,7 @@ class ExecConsumer(OutboundConsumer):
         try:
             action(*args)
         except ProviderError as exc:
-            self.error(exc.code, exc.message, id=run.id, status=exc.http_status)
+            self.error(exc.code, exc.message, id=run.id, status=exc.status_code)
             return False
         return True
 
@@ -248,8 +248,7 @@ class ExecConsumer(OutboundConsumer):
                 timeout_s=timeout,
             )
         except (ApplicationError, ProviderError) as exc:
-            status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
-            self.error(exc.code, exc.message, id=run_id, status=status)
+            self.error(exc.code, exc.message, id=run_id, status=exc.status_code)
             return
         self.runs[run_id] = ExecRun(self, run_id, stream)
 
@@ -277,8 +276,7 @@ class ExecConsumer(OutboundConsumer):
                 since=since,
             )
         except (ApplicationError, ProviderError) as exc:
-            status = getattr(exc, "status_code", None) or getattr(exc, "http_status", 400)
-            self.error(exc.code, exc.message, id=run_id, status=status)
+            self.error(exc.code, exc.message, id=run_id, status=exc.status_code)
             return
         self.runs[run_id] = ExecRun(self, run_id, stream)
 

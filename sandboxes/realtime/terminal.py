@@ -18,7 +18,7 @@ from asgiref.typing import WebSocketReceiveEvent
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 
-from playground.errors import PaymentRequired
+from common.errors import PaymentRequired
 from sandboxes.services import ProviderError
 from sandboxes.terminals import TerminalSession, clamp_size, terminal_attach
 

@@ -15,7 +15,7 @@ from django.test import Client
 from accounts import attempts, services
 from accounts.models import Invitation, Membership, Organization, Role, User
 from accounts.services import invitation_accept, invitation_create
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 
 PASSWORD = "correct horse battery"
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from accounts.models import Invitation, Membership, Role, User
 from accounts.services import invitation_accept, invitation_create
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db

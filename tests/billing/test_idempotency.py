@@ -16,7 +16,7 @@ from billing.idempotency import (
 )
 from billing.metering import metering_authorize, metering_record
 from billing.models import IdempotencyRecord, UsageEvent
-from playground.errors import ApplicationError, Conflict
+from common.errors import ApplicationError, Conflict
 
 pytestmark = pytest.mark.django_db(transaction=True)
 RESPONSE = StoredResponse(status_code=201, body=b'{"ok": true}', content_type="application/json")

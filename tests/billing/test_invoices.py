@@ -11,7 +11,7 @@ from django.db import connection
 from billing import selectors, services
 from billing.metering import metering_record
 from billing.models import Invoice, Payment, UsageDaily
-from playground.errors import Conflict
+from common.errors import Conflict
 
 pytestmark = pytest.mark.django_db(transaction=True)
 JANUARY = date(2025, 1, 1)

@@ -9,9 +9,10 @@ from django.db.models import Sum
 
 from accounts.models import Organization
 from billing import metering, pricing, services
+from billing.ledger import usage_count_in_ledger
 from billing.metering import metering_authorize, metering_record
 from billing.models import PlanChange, UsageDaily, UsageEvent
-from billing.selectors import usage_count_in_ledger, usage_summary
+from billing.selectors import usage_summary
 from tests.requirements import missing_part
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 from playground.metrics import render_metrics
 from sandboxes.caller import Caller
 from sandboxes.engine_health import engines_check, sandboxes_mark_lost

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from playground import metrics
+from common import metrics
 from sandboxes import operations
 
 pytestmark = pytest.mark.django_db

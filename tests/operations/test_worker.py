@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from playground import metrics
+from common import metrics
 from sandboxes import tasks
 from sandboxes.caller import PLATFORM
 from sandboxes.models import Sandbox, SandboxState

@@ -13,7 +13,7 @@ from drf_spectacular.generators import EndpointEnumerator, SchemaGenerator
 from drf_spectacular.plumbing import ComponentRegistry, build_mock_request, force_instance
 from rest_framework import serializers
 
-from playground.inputs import InputSerializer
+from common.inputs import InputSerializer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BODY_METHODS = ("post", "put", "patch")

@@ -1,5 +1,5 @@
 """A request gives its pooled database connection back while it waits on a sandbox
-(playground/dbconn.py), and never inside a transaction."""
+(common/dbconn.py), and never inside a transaction."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from django.db import connection, transaction
 
 from accounts.models import Organization
-from playground.dbconn import release_idle_connection
+from common.dbconn import release_idle_connection
 from sandboxes.models import Sandbox
 from sandboxes.services import _call
 from tests.requirements import missing_part

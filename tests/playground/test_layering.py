@@ -95,3 +95,14 @@ def test_the_checker_sees_relative_and_from_imports(tmp_path: Path) -> None:
         ]
     finally:
         probe.unlink()
+
+
+APPS = ("accounts", "billing", "e2bcompat", "playground", "sandboxes")
+
+
+def test_common_imports_no_app() -> None:
+    """common/ is the base every app stands on (errors, inputs, metrics, logging): an import
+    of an app from it would make a circle."""
+    paths = _files("common")
+    assert len(paths) >= 8
+    assert _violations(paths, APPS) == []

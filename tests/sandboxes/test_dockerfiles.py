@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from playground.errors import PayloadTooLarge
+from common.errors import PayloadTooLarge
 from sandboxes.dockerfiles import MAX_DOCKERFILE_BYTES, DockerfileRefused, dockerfile_check
 
 LOCAL = {"sandpit": "sandpit-sandbox:abc", "python": "sandpit-template:builtin-python-1"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from playground.errors import ApplicationError
+from common.errors import ApplicationError
 from sandboxes.template_builtins import BUILTINS, templates_builtin_build
 
 

@@ -14,20 +14,16 @@ from django.http import Http404, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 
-from sandboxes.providers.base import ProviderError
+from .coded import CodedError
 
 logger = logging.getLogger("django.request")
 
 
-class ApplicationError(Exception):
+class ApplicationError(CodedError):
     """A business rule said no. Services raise these; the handler renders them."""
-
-    code = "error"
-    status_code = 400
 
     def __init__(self, message: str, *, code: str | None = None, status_code: int | None = None):
         super().__init__(message)
-        self.message = message
         if code:
             self.code = code
         if status_code:
@@ -101,10 +97,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     from rest_framework.response import Response
     from rest_framework.views import exception_handler as drf_exception_handler
 
-    if isinstance(exc, ApplicationError):
+    if isinstance(exc, CodedError):
         return Response(error_body(exc.code, exc.message), status=exc.status_code)
-    if isinstance(exc, ProviderError):
-        return Response(error_body(exc.code, exc.message), status=exc.http_status)
     if isinstance(exc, DjangoValidationError):
         return Response(error_body("validation_error", "; ".join(exc.messages)), status=400)
     if isinstance(exc, RequestDataTooBig):
