@@ -6,7 +6,7 @@ package generated from envd's protobuf files, with Sandpit's own service impleme
 (e2bcompat.processes, e2bcompat.filesystem). Everything else goes on to Sandpit's HTTP app.
 
 `sandbox.get_host(port)` is `<port>-<sandbox id>.<SANDPIT_E2B_DOMAIN>`: Sandpit's preview
-router (sandboxes/preview.py, which this app wraps) serves that domain as it serves
+router (sandboxes/preview/, which this app wraps) serves that domain as it serves
 SANDPIT_PREVIEW_DOMAIN, each preview on its own host, with the proxy's auth and metering.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, cast
 from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
 from e2b.envd.process.process_connect import ProcessASGIApplication
 
-from sandboxes.preview import AsgiApp, preview_host_target, scope_host
+from sandboxes.preview.addresses import preview_host_target, scope_host
+from sandboxes.preview.router import AsgiApp
 from sandboxes.terminals import terminal_manager
 
 from .filesystem import FilesystemService

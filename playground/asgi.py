@@ -21,13 +21,13 @@ from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.utils.http import is_same_domain  # noqa: E402
 
 from e2bcompat.asgi import E2BRouter  # noqa: E402
-from sandboxes.preview import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
-from sandboxes.preview import (  # noqa: E402
+from sandboxes.preview.addresses import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
+from sandboxes.preview.addresses import (  # noqa: E402
     HOST_TARGET,
-    PreviewWebSocketProxy,
     preview_host_target,
     scope_host,
 )
+from sandboxes.preview.websocket_proxy import PreviewWebSocketProxy  # noqa: E402
 from sandboxes.routing import http_app, websocket_urlpatterns  # noqa: E402
 
 Origin = tuple[str, str, int]

@@ -411,7 +411,7 @@ SANDPIT_WEB_THREADS = env_int("SANDPIT_WEB_THREADS", 64)
 SANDPIT_DEMO_EMAIL = env_str("SANDPIT_DEMO_EMAIL", "demo@sandpit.local")
 SANDPIT_DEMO_PASSWORD = env_str("SANDPIT_DEMO_PASSWORD", "sandpit-demo")
 
-# --- Port previews (sandboxes/preview.py) -------------------------------------------------
+# --- Port previews (sandboxes/preview/) --------------------------------------------------
 # Each preview on its own origin, `<port>-<sandbox id>.<domain>`, so a page's absolute URLs
 # (`/app.js`) stay in the preview and its cookies and storage are not Sandpit's. Development
 # defaults to `localhost:<SANDPIT_PORT>` (browsers resolve every *.localhost to loopback);

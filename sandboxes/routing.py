@@ -6,7 +6,8 @@ from typing import Any
 
 from django.urls import path, re_path
 
-from .preview import PreviewRouter, PreviewWebSocketProxy
+from .preview.router import PreviewRouter
+from .preview.websocket_proxy import PreviewWebSocketProxy
 from .realtime.events import SandboxEventsConsumer
 from .realtime.exec import ExecConsumer
 from .realtime.terminal import TerminalConsumer

@@ -18,6 +18,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from .preview.addresses import preview_url
 from .providers.base import (
     Capability,
     FileEvent,
@@ -233,8 +234,6 @@ class FileWatcher:
 
 def port_url(sandbox_id: str, port: int) -> str:
     """Where a viewer opens the port (its own host when a preview domain is configured)."""
-    from .preview import preview_url  # the proxy module imports this one, through streaming
-
     return preview_url(sandbox_id, port)
 
 

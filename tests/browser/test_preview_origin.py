@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from sandboxes.preview import host_label
+from sandboxes.preview.addresses import host_label
 from tests.browser.conftest import login
 from tests.browser.test_ui_end_to_end import open_playground
 

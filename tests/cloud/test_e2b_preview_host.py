@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sandboxes.preview import _Upstream
+from sandboxes.preview.access import Upstream
 
 
 def test_e2b_port_stream_names_the_edge_host_and_the_proxy_sends_it(provider, sandbox):
@@ -28,7 +28,7 @@ def test_e2b_port_stream_names_the_edge_host_and_the_proxy_sends_it(provider, sa
         time.sleep(0.1)
 
     stream = provider.connect_port(sandbox, 8124)
-    upstream = _Upstream(stream)
+    upstream = Upstream(stream)
     try:
         host = upstream.host(8124)
         assert host == stream.host_header == "127.0.0.1:8124"  # what the fake's get_host says
@@ -51,6 +51,6 @@ def test_local_streams_answer_to_localhost():
         def fileno(self) -> int:
             return 0
 
-    upstream = _Upstream.__new__(_Upstream)
+    upstream = Upstream.__new__(Upstream)
     upstream.stream = Stream()
     assert upstream.host(8000) == "localhost:8000"

@@ -17,7 +17,7 @@ INTERFACES = [
     "sandboxes/apis.py",
     "sandboxes/realtime_apis.py",
     "sandboxes/realtime",
-    "sandboxes/preview.py",
+    "sandboxes/preview",
     "sandboxes/routing.py",
     "sandboxes/tasks.py",
     "sandboxes/urls.py",

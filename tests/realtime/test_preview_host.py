@@ -66,7 +66,7 @@ def test_every_path_of_a_preview_host_goes_to_the_proxy(preview_domain):  # type
 
 
 def test_a_preview_host_names_its_sandbox_either_way():  # type: ignore[no-untyped-def]
-    from sandboxes.preview import host_label, preview_host_target, preview_url
+    from sandboxes.preview.addresses import host_label, preview_host_target, preview_url
 
     with override_settings(SANDPIT_PREVIEW_DOMAIN=DOMAIN, SANDPIT_PREVIEW_SCHEME="https"):
         assert preview_url("sbx_0123abcd", 3000) == f"https://3000-sbx-0123abcd.{DOMAIN}/"
