@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from http import HTTPStatus
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.conf import settings
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.http import JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
+from django.views.defaults import page_not_found, server_error
 
 from .coded import CodedError
-
-logger = logging.getLogger("django.request")
 
 
 class ApplicationError(CodedError):
@@ -67,118 +62,8 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": body}
 
 
-def _first_message(detail: Any) -> str:
-    if isinstance(detail, list) and detail:
-        return _first_message(detail[0])
-    if isinstance(detail, dict) and detail:
-        field, value = next(iter(detail.items()))
-        inner = _first_message(value)
-        return inner if field == "non_field_errors" else f"{field}: {inner}"
-    return str(detail)
-
-
-_DRF_CODES = {
-    "NotAuthenticated": "not_authenticated",
-    "AuthenticationFailed": "authentication_failed",
-    "PermissionDenied": "permission_denied",
-    "NotFound": "not_found",
-    "MethodNotAllowed": "method_not_allowed",
-    "NotAcceptable": "not_acceptable",
-    "UnsupportedMediaType": "unsupported_media_type",
-    "Throttled": "rate_limited",
-    "ParseError": "malformed_request",
-}
-
-
-def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
-    """DRF EXCEPTION_HANDLER: every error leaves in the one shape."""
-    # Imported here: DRF's settings import our authentication, which imports this module.
-    from rest_framework import exceptions
-    from rest_framework.response import Response
-    from rest_framework.views import exception_handler as drf_exception_handler
-
-    if isinstance(exc, CodedError):
-        return Response(error_body(exc.code, exc.message), status=exc.status_code)
-    if isinstance(exc, DjangoValidationError):
-        return Response(error_body("validation_error", "; ".join(exc.messages)), status=400)
-    if isinstance(exc, RequestDataTooBig):
-        # Raised by request.body when a JSON body passes DATA_UPLOAD_MAX_MEMORY_SIZE.
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return Response(
-            error_body("payload_too_large", f"JSON bodies are limited to {limit} bytes."),
-            status=413,
-        )
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound()
-    elif isinstance(exc, PermissionDenied):
-        exc = exceptions.PermissionDenied()
-
-    response = drf_exception_handler(exc, context)
-    request = context.get("request")
-    if response is None:
-        # Anything else is our bug. Logged with its traceback; the client gets the one
-        # shape without it, even under DEBUG (a debug page would show settings and code).
-        logger.error(
-            "Internal Server Error: %s",
-            getattr(request, "path", "?"),
-            exc_info=(type(exc), exc, exc.__traceback__),
-        )
-        return Response(
-            error_body("internal_error", "Something went wrong on our side."), status=500
-        )
-    if isinstance(exc, exceptions.ValidationError):
-        response.data = error_body(
-            "validation_error", _first_message(exc.detail), details=exc.detail
-        )
-        return response
-    code = next(
-        (_DRF_CODES[cls.__name__] for cls in type(exc).__mro__ if cls.__name__ in _DRF_CODES),
-        None,
-    )
-    if code is None and isinstance(exc, exceptions.APIException):
-        code = str(exc.default_code)
-    detail = getattr(exc, "detail", str(exc))
-    message = _first_message(detail)
-    if request is not None and _is_api(request):
-        if code == "unsupported_media_type" and _takes_json(request):
-            message = f"{message} Send Content-Type: application/json with a JSON body."
-        elif code == "not_authenticated":
-            message = _authorization_hint(request.META.get("HTTP_AUTHORIZATION", "")) or message
-    response.data = error_body(code or "error", message)
-    if response.status_code == 403 and code == "not_authenticated":
-        response.status_code = 401
-    return response
-
-
-def _is_api(request: Any) -> bool:
+def is_api(request: Any) -> bool:
     return request.path.startswith("/api/")
-
-
-def _takes_json(request: Any) -> bool:
-    return any(parser.media_type == "application/json" for parser in request.parsers)
-
-
-_BEARER_USE = "Use Authorization: Bearer sp_… (an API key) or Bearer <sandbox token>."
-
-
-def _authorization_hint(header: str) -> str | None:
-    """What was wrong with an Authorization header that no authentication class accepted,
-    without echoing the credential; None when there was no header."""
-    parts = header.split()
-    if not parts:
-        return None
-    if len(parts) == 1:
-        if parts[0].startswith("sp_"):
-            return "Use Authorization: Bearer sp_… (the header lacks the Bearer scheme)."
-        if parts[0].count(".") == 2:
-            return "Use Authorization: Bearer <sandbox token> (the header lacks the Bearer scheme)."
-        return f"{_BEARER_USE} The header lacks the Bearer scheme."
-    scheme = parts[0]
-    if scheme.lower() != "bearer":
-        return f"The Authorization scheme {scheme[:20]!r} is not accepted. {_BEARER_USE}"
-    if len(parts) > 2:
-        return f"Bearer takes one value. {_BEARER_USE}"
-    return "Bearer takes an API key (sp_…) or a sandbox token (a JWT), and this is neither."
 
 
 def json_error_response(code: str, message: str, status_code: int) -> JsonResponse:
@@ -250,7 +135,7 @@ class ApiErrorShapeMiddleware:
 
 
 def _refused(request: Any) -> JsonResponse | None:
-    if _is_api(request) and (
+    if is_api(request) and (
         "\x00" in request.path or "%00" in request.META.get("QUERY_STRING", "")
     ):
         return json_error_response("malformed_request", "URLs must not contain NUL bytes.", 400)
@@ -258,7 +143,7 @@ def _refused(request: Any) -> JsonResponse | None:
 
 
 def _in_shape(request: Any, response: Any) -> Any:
-    if response.status_code < 400 or not _is_api(request):
+    if response.status_code < 400 or not is_api(request):
         return response
     if not response.get("Content-Type", "").startswith("text/"):
         # JSON already, or a DRF error rendered for another format (the YAML schema).
@@ -281,16 +166,12 @@ def _in_shape(request: Any, response: Any) -> Any:
 
 
 def handler404(request: Any, exception: Exception | None = None) -> Any:
-    if _is_api(request):
+    if is_api(request):
         return json_error_response("not_found", "No such endpoint or object.", 404)
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception)
 
 
 def handler500(request: Any) -> Any:
-    if _is_api(request):
+    if is_api(request):
         return json_error_response("internal_error", "Something went wrong on our side.", 500)
-    from django.views.defaults import server_error
-
     return server_error(request)

@@ -18,7 +18,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import principal_of
-from common.errors import ApplicationError, Conflict, api_exception_handler
+from common.errors import ApplicationError, Conflict
+from common.exception_handler import api_exception_handler
 from sandboxes import services, snapshots
 from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
 from sandboxes.apis import _fingerprint as request_fingerprint

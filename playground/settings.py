@@ -282,7 +282,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "common.pagination.CursorlessPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "common.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "common.exception_handler.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "playground.schema.SandpitAutoSchema",
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.PerKeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("SANDPIT_API_RATE", "6000/min")},
