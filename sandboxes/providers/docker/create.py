@@ -19,6 +19,7 @@ import docker.errors
 from docker.types import Ulimit
 
 from sandboxes.providers import agent_bundle
+from sandboxes.providers.agent_operations import check_env
 from sandboxes.providers.base import (
     InvalidRequest,
     ProviderError,
@@ -41,7 +42,7 @@ from .container import (
     isolation_of,
 )
 from .errors import translate
-from .operations import DockerOperations, check_env
+from .operations import DockerOperations
 from .pool import CreateGate, DockerPool
 from .snapshot import DockerSnapshots
 

@@ -10,26 +10,17 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sandboxes.providers import agent_bundle
 from sandboxes.providers import agent_client as wire
-from sandboxes.providers.agent_client import (
-    AgentExecStream,
-    AgentPortStream,
-    AgentPtySession,
-    AgentRelayPtySession,
-)
+from sandboxes.providers.agent_operations import AgentOperations
 from sandboxes.providers.base import (
-    ExecRequest,
-    ExecResult,
     FileEntry,
     FileTooLarge,
     InvalidRequest,
-    OpenPort,
     PathNotAllowed,
-    ProcessInfo,
     ProviderError,
     ProviderUnavailable,
     ResourceExhausted,
@@ -51,15 +42,14 @@ _AGENT_ENGINE_CHECK_S = 0.25
 """... and ask the Engine whether the container still runs this often."""
 _STOP_SETTLE_S = 3.0
 """How long a broken agent connection waits for the container to be seen stopped."""
-_TRANSPORT_GRACE_S = 15.0
-"""How long past a command's own timeout we wait for the agent's reply."""
 
 
-class DockerOperations:
+class DockerOperations(AgentOperations):
     """The agent connection and the operations over it, for DockerProvider (which supplies
     the Engine client and the lookups)."""
 
     max_file_bytes: int
+    control_timeout_s = CONTROL_TIMEOUT_S
 
     def _api(self) -> Any:
         raise NotImplementedError  # DockerProvider's
@@ -75,10 +65,13 @@ class DockerOperations:
 
     # -- the agent -------------------------------------------------------------
 
-    def agent_socket(self, provider_id: str) -> socket.socket:
-        """A new connection to the sandbox's agent, for its session ops (terminals and
-        runs that outlive a web process: sandboxes/agent_sessions.py)."""
-        return self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
+    def _agent_cwd(self, cwd: str | None) -> str:
+        if cwd is not None:
+            _check_path(cwd)
+        return _cwd(cwd)
+
+    def _passes_fd(self, provider_id: str) -> bool:
+        return self._target(provider_id).socket_dir is not None
 
     def _connect(self, provider_id: str, timeout: float) -> socket.socket:
         """A connection to the sandbox's agent (waiting for it to listen after create)."""
@@ -115,7 +108,7 @@ class DockerOperations:
                 pause = min(pause * 1.5, _AGENT_POLL_S[1])
             except OSError as exc:
                 sock.close()
-                raise self._lost(target, exc) from None
+                raise self._lost_target(target, exc) from None
             finally:
                 if dir_fd is not None:
                     os.close(dir_fd)
@@ -128,7 +121,7 @@ class DockerOperations:
         if target.socket_dir is not None and not target.socket_dir.is_dir():
             raise SandboxGone(f"Sandbox {target.cid} no longer exists.")
         if time.monotonic() >= deadline:
-            raise self._lost(target, exc)
+            raise self._lost_target(target, exc)
         if ask_engine:
             self._raise_if_stopped(target)
 
@@ -159,7 +152,10 @@ class DockerOperations:
             raise SandboxGone(f"Sandbox {target.cid} stopped while running the command.")
         raise SandboxGone(f"Sandbox {target.cid} is not running.")
 
-    def _lost(self, target: AgentTarget, exc: Exception) -> ProviderError:
+    def _lost(self, provider_id: str, exc: Exception) -> ProviderError:
+        return self._lost_target(self._target(provider_id), exc)
+
+    def _lost_target(self, target: AgentTarget, exc: Exception) -> ProviderError:
         """The error for a connection to the agent that broke mid-call. The agent's end
         often comes first and the container's a moment later (its init then exits; under
         gVisor, the host kills the whole sandbox), so the engine is asked for a while."""
@@ -189,105 +185,6 @@ class DockerOperations:
         sock.settimeout(timeout)
         return sock
 
-    def _call(
-        self, provider_id: str, request: dict[str, Any], timeout: float = CONTROL_TIMEOUT_S
-    ) -> dict[str, Any]:
-        sock = self._connect(provider_id, timeout)
-        try:
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            return wire.reply(sock)
-        except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(self._target(provider_id), exc) from None
-        finally:
-            sock.close()
-
-    # -- execution -------------------------------------------------------------
-
-    def exec(self, provider_id: str, request: ExecRequest) -> ExecResult:
-        """Run one command to completion; a timeout kills its whole tree (exit -9)."""
-        if request.args is None:
-            argv = ["/bin/sh", "-c", request.command]
-        else:
-            argv = [request.command, *request.args]
-        return self._exec(provider_id, argv, request)
-
-    def _exec(self, provider_id: str, argv: list[str], request: ExecRequest) -> ExecResult:
-        if request.timeout_s <= 0:
-            raise InvalidRequest("timeout_s must be positive.")
-        if request.max_output_bytes < 0:
-            raise InvalidRequest("max_output_bytes must not be negative.")
-        if request.cwd is not None:
-            _check_path(request.cwd)
-        if any("\x00" in a for a in argv):
-            raise InvalidRequest("Command arguments cannot contain NUL bytes.")
-        env = dict(request.env)
-        check_env(env)
-        stdin = request.stdin or b""
-        header = {
-            "op": "exec",
-            "argv": argv,
-            "cwd": _cwd(request.cwd),
-            "env": env,
-            "timeout_s": request.timeout_s,
-            "max_output_bytes": request.max_output_bytes,
-            "stdin_len": len(stdin),
-        }
-        sock = self._connect(provider_id, timeout=request.timeout_s + _TRANSPORT_GRACE_S)
-        try:
-            sock.sendall(json.dumps(header).encode() + b"\n" + stdin)
-            reply = wire.reply(sock)
-            out_len, err_len = int(reply["stdout_len"]), int(reply["stderr_len"])
-            if not (
-                0 <= out_len <= request.max_output_bytes
-                and 0 <= err_len <= request.max_output_bytes
-            ):
-                raise ProviderError("the sandbox agent sent an oversized reply")
-            body = wire.recv_exact(sock, out_len + err_len)
-        except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(self._target(provider_id), exc) from None
-        finally:
-            sock.close()
-        return ExecResult(
-            stdout=body[:out_len],
-            stderr=body[out_len:],
-            exit_code=int(reply["exit_code"]),
-            duration_ms=float(reply["duration_ms"]),
-            timed_out=bool(reply["timed_out"]),
-            stdout_truncated=bool(reply["stdout_truncated"]),
-            stderr_truncated=bool(reply["stderr_truncated"]),
-            cpu_time_ms=_opt_float(reply.get("cpu_time_ms")),
-            peak_memory_bytes=_opt_int(reply.get("peak_memory_bytes")),
-            oom_killed=bool(reply.get("oom_killed")),
-        )
-
-    def exec_stream(self, provider_id: str, request: ExecRequest) -> AgentExecStream:
-        """Start a command and stream its output (see base.ExecStream)."""
-        argv = (
-            ["/bin/sh", "-c", request.command]
-            if request.args is None
-            else [request.command, *request.args]
-        )
-        if any("\x00" in a for a in argv):
-            raise InvalidRequest("Command arguments cannot contain NUL bytes.")
-        if request.timeout_s <= 0:
-            raise InvalidRequest("timeout_s must be positive.")
-        if request.cwd is not None:
-            _check_path(request.cwd)
-        env = dict(request.env)
-        check_env(env)
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        try:
-            sock.sendall(wire.exec_stream_request(argv, _cwd(request.cwd), env, request.timeout_s))
-            stream = AgentExecStream(sock, int(wire.reply(sock)["pid"]))
-        except BaseException as exc:
-            sock.close()
-            if isinstance(exc, (OSError, ValueError, KeyError)):
-                raise self._lost(self._target(provider_id), exc) from None
-            raise
-        if request.stdin:
-            stream.write_stdin(request.stdin)
-        return stream
-
     # -- files -------------------------------------------------------------------
 
     def read_file(
@@ -311,7 +208,7 @@ class DockerOperations:
                 raise ProviderError("the sandbox agent sent an oversized reply")
             return wire.recv_exact(sock, size)
         except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(self._target(provider_id), exc) from None
+            raise self._lost(provider_id, exc) from None
         finally:
             sock.close()
 
@@ -327,7 +224,7 @@ class DockerOperations:
             sock.sendall(data)
             return _entry(wire.reply(sock)["entry"])
         except (OSError, ValueError, KeyError) as exc:
-            raise self._lost(self._target(provider_id), exc) from None
+            raise self._lost(provider_id, exc) from None
         finally:
             sock.close()
 
@@ -357,117 +254,6 @@ class DockerOperations:
         _check_path(dst)
         return _entry(self._call(provider_id, {"op": "move", "src": src, "dst": dst})["entry"])
 
-    # -- processes -----------------------------------------------------------------
-
-    def start_process(
-        self,
-        provider_id: str,
-        command: str,
-        args: Sequence[str] | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> ProcessInfo:
-        """Start in the background in its own session; the pid is the one inside the sandbox."""
-        if cwd is not None:
-            _check_path(cwd)
-        env_d = dict(env or {})
-        check_env(env_d)
-        argv = ["/bin/sh", "-c", command] if args is None else [command, *args]
-        shown = command if args is None else " ".join([command, *args])
-        reply = self._call(
-            provider_id,
-            {"op": "start", "argv": argv, "command": shown, "cwd": _cwd(cwd), "env": env_d},
-        )
-        return _process(reply["process"])
-
-    def list_processes(self, provider_id: str) -> list[ProcessInfo]:
-        """Live processes (excluding init and Sandpit's own helpers) and exited background ones."""
-        reply = self._call(provider_id, {"op": "list", "all": True})
-        return [_process(row) for row in reply["processes"]]
-
-    def signal_process(self, provider_id: str, pid: int, signal: int) -> None:
-        """Signal a process (its whole group when it is one we started)."""
-        self._call(provider_id, {"op": "signal", "pid": int(pid), "signal": int(signal)})
-
-    # -- real-time ---------------------------------------------------------------------
-
-    def open_pty(
-        self,
-        provider_id: str,
-        cols: int = 80,
-        rows: int = 24,
-        shell: str | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> AgentPtySession | AgentRelayPtySession:
-        """A terminal running `shell` (bash by default) in the workspace. With a local
-        engine the agent passes the PTY master to us; over a relay it relays the bytes."""
-        if cwd is not None:
-            _check_path(cwd)
-        env_d = {"TERM": "xterm-256color", **dict(env or {})}
-        check_env(env_d)
-        target = self._target(provider_id)
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        master = None
-        try:
-            request = {
-                "op": "pty",
-                "argv": [shell or "/bin/bash"],
-                "cols": int(cols),
-                "rows": int(rows),
-                "cwd": _cwd(cwd),
-                "env": env_d,
-                "pass_fd": target.socket_dir is not None,
-            }
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            reply, master = wire.pty_reply(sock)
-            pid = int(reply["pid"])
-            if reply.get("mode") == "fd":
-                if master is None:
-                    raise ProviderError("the sandbox agent did not pass the terminal")
-                sock.settimeout(None)
-                return AgentPtySession(master, sock, pid)
-            if master is not None:
-                os.close(master)
-                master = None
-            sock.setblocking(False)
-            return AgentRelayPtySession(lambda req: self._call(provider_id, req), sock, pid)
-        except BaseException as exc:
-            sock.close()
-            if master is not None:
-                os.close(master)
-            if isinstance(exc, (OSError, ValueError, KeyError)):
-                raise self._lost(target, exc) from None
-            raise
-
-    def open_ports(self, provider_id: str) -> list[OpenPort]:
-        reply = self._call(provider_id, {"op": "ports"})
-        return [OpenPort(port=int(p["port"]), address=str(p["address"])) for p in reply["ports"]]
-
-    def connect_port(self, provider_id: str, port: int) -> AgentPortStream:
-        """Bytes to 127.0.0.1:port, spliced by the agent (works with network none).
-
-        Raises InvalidRequest when nothing listens there.
-        """
-        if not 0 < int(port) < 65536:
-            raise InvalidRequest(f"Invalid port {port!r}.")
-        sock = self._connect(provider_id, timeout=CONTROL_TIMEOUT_S)
-        try:
-            sock.sendall(json.dumps({"op": "connect", "port": int(port)}).encode() + b"\n")
-            wire.reply(sock)
-        except ProviderError as exc:
-            sock.close()
-            if "listens" in exc.message:
-                raise InvalidRequest(
-                    f"Nothing is listening on port {port} in the sandbox."
-                ) from None
-            raise
-        except BaseException:
-            sock.close()
-            raise
-        sock.settimeout(None)
-        return AgentPortStream(sock)
-
     def watch(self, provider_id: str, path: str, recursive: bool = True) -> DockerWatch:
         """Batches of file events under `path`; the watch is armed when this returns."""
         _check_path(path)
@@ -488,15 +274,6 @@ def _check_path(path: str) -> None:
         raise PathNotAllowed("The path is malformed (NUL byte or longer than 4096 bytes).")
 
 
-def check_env(env: Mapping[str, str]) -> list[str]:
-    out = []
-    for key, value in env.items():
-        if not key or "=" in key or "\x00" in key or "\x00" in value:
-            raise InvalidRequest(f"Invalid environment variable name or value: {key!r}")
-        out.append(f"{key}={value}")
-    return out
-
-
 def _cwd(cwd: str | None) -> str:
     if not cwd:
         return WORKSPACE
@@ -511,21 +288,3 @@ def _entry(data: Mapping[str, Any]) -> FileEntry:
         size=int(data["size"]),
         mtime=float(data["mtime"]),
     )
-
-
-def _process(data: Mapping[str, Any]) -> ProcessInfo:
-    return ProcessInfo(
-        pid=int(data["pid"]),
-        command=data["command"],
-        running=bool(data["running"]),
-        exit_code=data.get("exit_code"),
-        started_at=data.get("started_at"),
-    )
-
-
-def _opt_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _opt_float(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -30,6 +30,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sandboxes.providers.agent_operations import check_env
 from sandboxes.providers.base import (
     Capability,
     CapabilityNotSupported,
@@ -51,7 +52,7 @@ from sandboxes.providers.local.boot import (
 )
 from sandboxes.providers.local.files import Workspace
 from sandboxes.providers.local.identity import HostIdentities
-from sandboxes.providers.local.operations import JailOperations, check_env
+from sandboxes.providers.local.operations import JailOperations
 from sandboxes.providers.local.pool import WarmPool, owner_alive
 from sandboxes.providers.local.snapshot import (
     LocalSnapshots,
