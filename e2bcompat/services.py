@@ -1,15 +1,24 @@
-"""The one service the E2B layer needed that Sandpit did not have.
+"""The services the E2B layer needed that Sandpit did not have.
 
 Signals to a streamed run travel as a frame to its runner (the sandbox's pid namespace is
 the runner's), so, like stdin to a streamed run (sandboxes.streaming.
 sandbox_exec_stream_stdin), the door authorizes and counts and the caller then sends.
+Typing into a PTY through `pty.send_stdin` is counted by the terminal rule, with its
+window kept where every web process sees it.
 """
 
 from __future__ import annotations
 
 import signal
+import time
+import uuid
 
-from sandboxes.caller import Caller, metered
+from django.core.cache import cache
+
+from sandboxes.caller import Caller, billing_authorize, billing_record, metered
+from sandboxes.models import Sandbox
+from sandboxes.streaming import sandbox_session_send
+from sandboxes.terminals import METER_WINDOW_S, count_enters
 
 
 def e2b_run_signal_authorize(*, caller: Caller, number: int) -> None:
@@ -24,3 +33,26 @@ def e2b_run_signal_authorize(*, caller: Caller, number: int) -> None:
         teardown=number == signal.SIGKILL,
     ):
         pass
+
+
+def e2b_pty_input(*, caller: Caller, sandbox: Sandbox, session_id: str, data: bytes) -> None:
+    """Type `data` into an agent-held PTY, counted by the terminal rule
+    (sandboxes.terminals.TerminalMeter): in each METER_WINDOW_S window of the terminal
+    with input, max(1, Enters) 'terminal.line'. Each send_stdin is its own request, which
+    any web process may serve, so the window's count of Enters lives in the cache (Redis
+    whenever several processes serve); two sends racing at a window's start may count one
+    extra. PaymentRequired (402) before anything is typed once input is not allowed;
+    ProcessNotFound when the PTY is gone. Synchronous: call from a thread."""
+    billing_authorize(caller, "terminal")
+    sandbox_session_send(sandbox=sandbox, session_id=session_id, kind="stdin", payload=data)
+    enters = count_enters(data)
+    key = f"e2b:pty-window:{session_id}:{int(time.time() // METER_WINDOW_S)}"
+    first = cache.add(key, 0, timeout=int(METER_WINDOW_S * 2))
+    try:
+        after = cache.incr(key, enters)
+    except ValueError:  # expired in between: this input opens the window again
+        first, after = True, enters
+    before = after - enters
+    due = max(1, after) - (0 if first else max(1, before))
+    for _ in range(due):
+        billing_record(caller, "terminal.line", f"e2b-pty:{uuid.uuid4().hex}")

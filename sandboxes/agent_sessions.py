@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from .providers.agent_client import AgentExecStream, pty_reply, reply
 from .providers.base import ExecEvent, FileEvent, InvalidRequest, ProcessNotFound, ProviderError
+from .providers.watch_records import file_events
 
 MAX_FRAME = 1 << 20
 MAX_OUTBOX_BYTES = 4 << 20
@@ -459,6 +460,11 @@ class AgentRunStream(AgentExecStream):
             self._send(b"Q")
         super().close()
 
+    def detach(self) -> None:
+        """Hang up and leave the run going (for its orphan time, or for good when it was
+        started detached)."""
+        super().close()
+
 
 class AgentWatch:
     """Batches of FileEvents from an attached ``watch`` session (blocking: iterate in a
@@ -528,8 +534,6 @@ class AgentWatch:
         return out
 
     def __next__(self) -> list[FileEvent]:
-        from .providers.docker.sessions import file_events
-
         while True:
             batch = self._take()
             deadline = time.monotonic() + self._batch_s if batch else None

@@ -26,9 +26,12 @@ from .activity import sandbox_touch_id
 from .agent_sessions import (
     AgentRunStream,
     AgentWatch,
+    SessionInfo,
     check_id,
+    frame,
     sandbox_cwd,
     session_attach,
+    session_list,
     session_open,
     supports_sessions,
 )
@@ -246,10 +249,15 @@ def sandbox_exec_stream_open(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
+    meta: Mapping[str, Any] | None = None,
+    detached: bool = False,
 ) -> ExecStream:
     """Start one streamed run, counted once as `operation`. The provider's own exec_stream
     where it has one (the in-sandbox agent frames the output and the exit status), else
-    the runner on a PTY (RunnerExecStream). `timeout_s` None: no timeout. Call
+    the runner on a PTY (RunnerExecStream). `timeout_s` None: no timeout. Where the run
+    lives in the agent, `meta` (a small JSON object) is listed with it
+    (`sandbox_sessions_list`) and `detached` lets it run on with nobody attached (as a
+    process E2B's SDK starts does) instead of for EXEC_ORPHAN_S. Call
     `read_events` once without waiting for `fileno()`: events may already be buffered.
     Raises PaymentRequired (402), ApplicationError 'sandbox_not_running',
     CapabilityNotSupported and the provider's errors. Synchronous: call from a thread."""
@@ -271,7 +279,8 @@ def sandbox_exec_stream_open(
                     cwd=sandbox_cwd(cwd),
                     env=env,
                     timeout_s=timeout_s,
-                    orphan_s=EXEC_ORPHAN_S,
+                    orphan_s=None if detached else EXEC_ORPHAN_S,
+                    meta=meta,
                     attach=True,
                 )
                 assert link is not None
@@ -328,6 +337,46 @@ def sandbox_exec_stream_attach(
         link.close()
         raise not_found
     return AgentRunStream(link)
+
+
+def sandbox_sessions_list(*, sandbox: Sandbox) -> list[SessionInfo] | None:
+    """The terminals and runs the sandbox's agent holds (running and recently ended ones,
+    oldest first, with the `meta` they were started with), whichever web process started
+    them; None when the sandbox's provider runs no agent. Not counted (reads). Raises the
+    provider's errors. Synchronous: call from a thread."""
+    if sandbox.state != SandboxState.RUNNING or not sandbox.provider_id:
+        return None
+    provider = provider_for(sandbox)
+    if not supports_sessions(provider):
+        return None
+    return [s for s in session_list(provider, sandbox.provider_id) if s.kind in ("pty", "exec")]
+
+
+SESSION_FRAMES = {"stdin": b"I", "close_stdin": b"C", "signal": b"K"}
+
+
+def sandbox_session_send(
+    *, sandbox: Sandbox, session_id: str, kind: str, payload: bytes = b""
+) -> None:
+    """Hand one frame to an agent-held terminal or run (`kind`: 'stdin', 'close_stdin',
+    'signal' with the number as text) through a connection of its own, which is closed
+    once the agent has it: input sent by one call arrives before the next call's. Not
+    counted: the caller counted it first (sandbox_exec_stream_stdin, the terminal rule,
+    a signal's service). ProcessNotFound when the agent does not know the session.
+    Synchronous: call from a thread."""
+    provider = provider_for(sandbox)
+    if not supports_sessions(provider):
+        raise NotFound("No such run in this sandbox.", code="run_not_found")
+    # No replay: attach from past any offset the session can reach.
+    link = session_attach(provider, sandbox.provider_id, check_id(session_id), since=1 << 62)
+    try:
+        link.sock.setblocking(True)
+        for start in range(0, max(1, len(payload)), 65536):
+            link.sock.sendall(frame(SESSION_FRAMES[kind], payload[start : start + 65536]))
+    except OSError as exc:
+        raise ProviderError(f"lost the sandbox agent: {exc!r}") from None
+    finally:
+        link.close()
 
 
 def sandbox_exec_stream_stdin(*, caller: Caller) -> None:

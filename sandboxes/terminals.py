@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from django.conf import settings
 
@@ -114,9 +115,11 @@ def terminal_create(
     shell: str | None = None,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> TerminalInfo:
     """Open a shell on a PTY in the sandbox (counted once, feature 'terminal'): held by the
-    sandbox's agent where the provider runs one, else registered in this process.
+    sandbox's agent where the provider runs one (listed with `meta`, a small JSON object),
+    else registered in this process.
 
     Raises Conflict (409) when the sandbox is not running, QuotaExceeded (429) past
     SANDPIT_MAX_TERMINALS_PER_SANDBOX live terminals, CapabilityNotSupported (501),
@@ -151,7 +154,7 @@ def terminal_create(
                 env=env,
                 cols=cols,
                 rows=rows,
-                meta={"shell": shell},
+                meta={**(meta or {}), "shell": shell},
             )
             info = _info(sandbox.id, session)
         else:
