@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -94,8 +95,6 @@ class _MiddlewareList(list):
     def __contains__(self, path: object) -> bool:
         if list.__contains__(self, path):
             return True
-        from django.utils.module_loading import import_string
-
         try:
             wanted = import_string(str(path))
         except ImportError:

@@ -21,6 +21,7 @@ from billing import pricing
 from common.errors import NotFound
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
+from sandboxes.routing import websocket_urlpatterns
 from sandboxes.selectors import sandbox_get_for_principal
 from sandboxes.serializers import SandboxOutput, file_entry_data
 
@@ -64,8 +65,6 @@ def _initial_listing(sandbox: Sandbox) -> list[dict[str, object]] | None:
 
 def _ws_route_exists(suffix: str) -> bool:
     """Whether the real-time layer serves a sandbox WebSocket route ending in `suffix`."""
-    from sandboxes.routing import websocket_urlpatterns
-
     return any(
         str(getattr(p, "pattern", "")).rstrip("/$").endswith(suffix) for p in websocket_urlpatterns
     )

@@ -26,6 +26,7 @@ from daphne.server import Server
 from django.conf import settings
 
 from common.errors import error_body
+from playground.webprocs import planned_processes, serve
 
 logger = logging.getLogger("playground.webserver")
 
@@ -125,7 +126,7 @@ class SandpitServer(Server):
 
 class SandpitCommandLineInterface(CommandLineInterface):
     """daphne's command line, plus ``--processes N``: N servers on the -b/-p address
-    (default ``SANDPIT_WEB_PROCESSES``; see playground/webprocs.py)."""
+    (default ``SANDPIT_WEB_PROCESSES``, 'auto'; see playground/webprocs.py)."""
 
     server_class = SandpitServer
 
@@ -136,17 +137,16 @@ class SandpitCommandLineInterface(CommandLineInterface):
             type=int,
             default=None,
             help="web server processes sharing the -b/-p address (SO_REUSEPORT), 0 for one "
-            "per core; default SANDPIT_WEB_PROCESSES",
+            "per core; default SANDPIT_WEB_PROCESSES (auto: one per core where that is safe)",
         )
 
     def run(self, args: list[str]) -> Any:
         parsed = self.parser.parse_args(args)
-        processes = parsed.processes
-        if processes is None:
-            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
-            processes = int(settings.SANDPIT_WEB_PROCESSES)
-        if processes == 0:  # one per core
-            processes = len(os.sched_getaffinity(0))
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
+        requested = settings.SANDPIT_WEB_PROCESSES if parsed.processes is None else parsed.processes
+        processes, note = planned_processes(requested)
+        if note is not None:
+            logger.warning("%s", note)
         if processes <= 1:
             return super().run(args)
         if (
@@ -156,8 +156,6 @@ class SandpitCommandLineInterface(CommandLineInterface):
             or parsed.socket_strings
         ):
             self.parser.error("--processes needs -p (and -b) and no -u, --fd or -e")
-        from playground.webprocs import serve
-
         raise SystemExit(serve(processes, parsed.host or "127.0.0.1", parsed.port, args))
 
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from importlib import import_module
 
 from django.conf import settings
 
 from .base import ProviderNotConfigured, SandboxProvider
 from .cloud.common import CloudConfig
+from .docker import isolation_of
+from .docker.engines import DockerEngines, parse_engines
+from .local import LocalProvider
 
 AUTO = "auto"
 CLOUD_CREDENTIALS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -90,8 +94,6 @@ def resolve_provider_name(name: str) -> str:
 
 
 def _build_local() -> SandboxProvider:
-    from .local import LocalProvider
-
     return LocalProvider(
         root_dir=settings.SANDPIT_LOCAL_ROOT,
         warm_pool=settings.SANDPIT_LOCAL_WARM_POOL,
@@ -102,8 +104,6 @@ def _build_local() -> SandboxProvider:
 
 
 def _build_docker() -> SandboxProvider:
-    from .docker.engines import DockerEngines, parse_engines
-
     return DockerEngines(
         parse_engines(settings.SANDPIT_DOCKER_HOSTS, settings.DOCKER_HOST),
         image=settings.SANDPIT_DOCKER_IMAGE,
@@ -120,7 +120,7 @@ def _build_e2b() -> SandboxProvider:
     api_key = credential("E2B_API_KEY")
     if not api_key:
         raise ProviderNotConfigured("The e2b provider needs the E2B_API_KEY environment variable.")
-    from .e2b import E2BProvider
+    from .e2b import E2BProvider  # an optional provider: its adapter loads when it is built
 
     return E2BProvider(
         api_key=api_key,
@@ -132,8 +132,6 @@ def _build_e2b() -> SandboxProvider:
 
 def _build_cloud(module: str, cls: str) -> Callable[[], SandboxProvider]:
     def build() -> SandboxProvider:
-        from importlib import import_module
-
         provider_cls = getattr(import_module(f".cloud.{module}", __name__), cls)
         provider: SandboxProvider = provider_cls.from_config(cloud_config(module))
         return provider
@@ -191,8 +189,6 @@ def provider_isolation(provider: SandboxProvider, runtime: str = "") -> str:
     """What separates `provider`'s sandboxes (under Docker `runtime`, default the
     provider's) from the host kernel: 'gvisor', 'container', or '' where it does not say."""
     if provider.name == "docker":
-        from .docker import isolation_of
-
         return isolation_of(runtime or str(getattr(provider, "runtime", "")))
     if provider.name == "local":
         return "container"

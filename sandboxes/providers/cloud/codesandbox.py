@@ -26,7 +26,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.cloud.common import CloudConfig
+from sandboxes.providers.cloud.common import CloudConfig, not_supported
 from sandboxes.providers.cloud.shell import ShellCloudProvider
 
 API = "https://api.codesandbox.io"
@@ -137,8 +137,6 @@ class CodeSandboxProvider(ShellCloudProvider):
         )
 
     def _shell(self, provider_id: str, script: str, timeout_s: float) -> tuple[bytes, int]:
-        from sandboxes.providers.cloud.common import not_supported
-
         raise not_supported(
             self.name,
             "commands or files (CodeSandbox offers them only over its WebSocket protocol)",
