@@ -401,9 +401,10 @@ RUNLOOP_API_KEY = env_str("RUNLOOP_API_KEY")
 # --- `make run` (scripts/run.sh reads the same two for the server it starts) ------------------
 SANDPIT_BIND = env_str("SANDPIT_BIND", "127.0.0.1")
 SANDPIT_PORT = env_int("SANDPIT_PORT", 8000)
-# Web server processes sharing the port (playground/webprocs.py; SO_REUSEPORT); 0 = one per
-# core. More than 1 needs Redis (the in-memory channel layer is per process).
-SANDPIT_WEB_PROCESSES = env_int("SANDPIT_WEB_PROCESSES", 1)
+# Web server processes sharing the port (playground/webprocs.py; SO_REUSEPORT): "auto" = one
+# per core with Redis (1 in the embedded mode, or while a cloud provider is enabled), 0 = one
+# per core, N. More than 1 needs Redis (the in-memory channel layer is per process).
+SANDPIT_WEB_PROCESSES = env_str("SANDPIT_WEB_PROCESSES", "auto")
 # Idle request threads kept per web process for reuse (playground/webthreads.py); not a cap
 # on concurrent requests. 0: a new thread per request, as Django does.
 SANDPIT_WEB_THREADS = env_int("SANDPIT_WEB_THREADS", 64)

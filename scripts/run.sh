@@ -24,8 +24,9 @@ trap cleanup EXIT INT TERM
 pids+=($!)
 .venv/bin/celery -A playground beat --loglevel=INFO --schedule "$VAR_DIR/celerybeat-schedule" &
 pids+=($!)
-# playground.webserver is daphne with a ceiling on request bodies; SANDPIT_WEB_PROCESSES > 1
-# runs several on the port (needs REDIS_URL; playground/webprocs.py).
+# playground.webserver is daphne with a ceiling on request bodies. SANDPIT_WEB_PROCESSES=auto
+# (the default) runs one per core on the port once REDIS_URL is set, and one on the embedded
+# defaults, whose channel layer and cache are per process (playground/webprocs.py says why).
 .venv/bin/python -m playground.webserver -b "${SANDPIT_BIND:-127.0.0.1}" -p "${SANDPIT_PORT:-8000}" playground.asgi:application &
 pids+=($!)
 url_host=${SANDPIT_BIND:-127.0.0.1}

@@ -1,5 +1,6 @@
 """Several web server processes on one port (playground/webprocs.py): every process answers,
-new connections spread over them, and they stop together."""
+new connections spread over them, they stop together, and how many the default (auto)
+runs where."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from playground.webprocs import cores, planned_processes
 from tests.requirements import missing_part
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +150,55 @@ def test_several_processes_need_redis(env: dict[str, str]) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert b"needs REDIS_URL" in err
+
+
+def test_auto_serves_one_per_core_with_redis_and_they_die_with_the_supervisor(  # type: ignore[no-untyped-def]
+    env,
+):
+    """The default (SANDPIT_WEB_PROCESSES unset: auto) with Redis; a supervisor killed
+    outright (no chance to stop them) takes its servers along."""
+    auto = {k: v for k, v in env.items() if k != "SANDPIT_WEB_PROCESSES"}
+    auto["SANDPIT_PROVIDERS"] = "local,docker"
+    port = free_port()
+    proc = start(port, auto)
+    try:
+        pids = wait_ready(proc, port, cores())
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    for pid in pids:
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists(), f"server {pid} outlived its supervisor"
+
+
+@pytest.mark.parametrize(
+    ("requested", "redis", "providers", "expected", "note"),
+    [
+        ("auto", True, ["local", "docker"], "cores", None),
+        ("auto", False, ["local"], 1, "one web process (without REDIS_URL"),
+        ("auto", True, ["local", "e2b"], 1, "one web process: e2b terminals"),
+        ("0", True, ["local", "docker"], "cores", None),
+        ("3", True, ["local", "e2b"], 3, "warning: e2b terminals"),
+        ("1", False, ["local"], 1, None),
+    ],
+)
+def test_planned_processes(requested, redis, providers, expected, note, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer"}
+        if redis
+        else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    }
+    settings.SANDPIT_PROVIDERS = providers
+    count, said = planned_processes(requested)
+    assert count == (cores() if expected == "cores" else expected)
+    assert (said is None) if note is None else (said is not None and said.startswith(note))
+
+
+def test_more_than_one_without_redis_is_refused(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    with pytest.raises(SystemExit, match="needs REDIS_URL"):
+        planned_processes("2")
+    with pytest.raises(SystemExit, match="'auto' or a number"):
+        planned_processes("many")

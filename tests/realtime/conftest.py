@@ -99,6 +99,8 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
         "SANDPIT_DEFAULT_PROVIDER": "local",
         "SANDPIT_INSTALLATION": "pytest-realtime",
+        # One daphne, not one per core: a test reads its memory by its pid.
+        "SANDPIT_WEB_PROCESSES": "1",
         # These suites test the path form (/sandboxes/<id>/ports/<port>/); the host form is
         # tested in Chromium (tests/browser/test_preview_origin.py).
         "SANDPIT_PREVIEW_DOMAIN": "",

@@ -54,6 +54,8 @@ class Launcher:
             "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
             "SANDPIT_DEFAULT_PROVIDER": "local",
             "SANDPIT_INSTALLATION": "pytest-across",
+            # One daphne each: "A dies" is one process dying.
+            "SANDPIT_WEB_PROCESSES": "1",
             "SANDPIT_PREVIEW_DOMAIN": "",
             "DJANGO_SETTINGS_MODULE": "playground.settings",
             "PYTHONPATH": str(ROOT),
