@@ -1,4 +1,4 @@
-"""Cloud sandbox adapters other than e2b (which lives in providers/e2b.py).
+"""Cloud sandbox adapters other than e2b (which lives in providers/e2b/).
 
 One module per provider. Each imports its SDK lazily inside the adapter, so the
 application runs without any of the optional extras installed; a missing SDK or
