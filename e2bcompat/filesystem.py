@@ -2,7 +2,10 @@
 
 Each RPC is one Sandpit file operation, counted once by its service; watchers are Sandpit
 file watchers (counted once when they start), streamed (WatchDir, the async SDK) or polled
-(CreateWatcher / GetWatcherEvents / RemoveWatcher, the sync SDK).
+(CreateWatcher / GetWatcherEvents / RemoveWatcher, the sync SDK). A polled watcher lives
+in the sandbox's agent where the provider runs one (its id is the agent's, its read
+position in the cache), so any web process answers its polls; a cloud provider's stays
+in the web process that created it (`_polled`).
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from sandboxes.services import (
     sandbox_file_stat,
     sandbox_mkdir,
 )
-from sandboxes.streaming import sandbox_watch_start
-from sandboxes.watchers import FileWatcher, WatchSpec
+from sandboxes.streaming import sandbox_watch_open_polled, sandbox_watch_start, sandbox_watch_stop
+from sandboxes.watchers import FileWatcher, WatchSpec, file_event_data
 
 from . import translate
 from .rpc import call, envd_caller, guarded
+from .services import e2b_watch_events, e2b_watch_remember
 
 _TYPES = {"file": pb.FileType.FILE, "dir": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
 _EVENTS = {
@@ -222,6 +226,11 @@ class FilesystemService(Filesystem):
         """A polled watch (counted once, 'watch.create')."""
         caller, sandbox = await envd_caller(ctx)
         spec = _spec(request.path, request.recursive)
+        opened = await call(sandbox_watch_open_polled, caller=caller, sandbox=sandbox, spec=spec)
+        if opened is not None:  # held by the agent, polled through any web process
+            session_id, offset = opened
+            await call(e2b_watch_remember, session_id=session_id, path=spec.path, offset=offset)
+            return pb.CreateWatcherResponse(watcher_id=session_id)
         polled = PolledWatcher(sandbox.id, spec.path)
         watcher_id = "w" + secrets.token_hex(8)
         polled.watcher = await guarded(
@@ -240,7 +249,13 @@ class FilesystemService(Filesystem):
         self, request: pb.GetWatcherEventsRequest, ctx: RequestContext[Any, Any]
     ) -> pb.GetWatcherEventsResponse:
         """Events since the last poll (not counted: reads what the watcher collected)."""
-        _, sandbox = await envd_caller(ctx)
+        caller, sandbox = await envd_caller(ctx)
+        if request.watcher_id.startswith("watch_"):
+            found, watched = await call(
+                e2b_watch_events, caller=caller, sandbox=sandbox, session_id=request.watcher_id
+            )
+            message = {"events": [file_event_data(e) for e in found]}
+            return pb.GetWatcherEventsResponse(events=_events(message, watched))
         polled = _polled_get(sandbox.id, request.watcher_id)
         events, polled.events = polled.events, []
         return pb.GetWatcherEventsResponse(events=events)
@@ -249,7 +264,12 @@ class FilesystemService(Filesystem):
         self, request: pb.RemoveWatcherRequest, ctx: RequestContext[Any, Any]
     ) -> pb.RemoveWatcherResponse:
         """Stop a polled watch (not counted: stopping)."""
-        _, sandbox = await envd_caller(ctx)
+        caller, sandbox = await envd_caller(ctx)
+        if request.watcher_id.startswith("watch_"):
+            await call(
+                sandbox_watch_stop, caller=caller, sandbox=sandbox, session_id=request.watcher_id
+            )
+            return pb.RemoveWatcherResponse()
         polled = _polled_get(sandbox.id, request.watcher_id)
         _polled.pop(request.watcher_id, None)
         if polled.watcher is not None:

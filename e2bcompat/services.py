@@ -4,7 +4,8 @@ Signals to a streamed run travel as a frame to its runner (the sandbox's pid nam
 the runner's), so, like stdin to a streamed run (sandboxes.streaming.
 sandbox_exec_stream_stdin), the door authorizes and counts and the caller then sends.
 Typing into a PTY through `pty.send_stdin` is counted by the terminal rule, with its
-window kept where every web process sees it.
+window kept where every web process sees it; a polled watcher's read position is kept
+there too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from django.core.cache import cache
 
 from sandboxes.caller import Caller, billing_authorize, billing_record, metered
 from sandboxes.models import Sandbox
-from sandboxes.streaming import sandbox_session_send
+from sandboxes.providers.base import FileEvent
+from sandboxes.streaming import sandbox_session_send, sandbox_watch_poll
 from sandboxes.terminals import METER_WINDOW_S, count_enters
 
 
@@ -56,3 +58,33 @@ def e2b_pty_input(*, caller: Caller, sandbox: Sandbox, session_id: str, data: by
     due = max(1, after) - (0 if first else max(1, before))
     for _ in range(due):
         billing_record(caller, "terminal.line", f"e2b-pty:{uuid.uuid4().hex}")
+
+
+WATCH_STATE_TTL_S = 3600
+"""Longer than a polled watch outlives its last poll (sandboxes.streaming)."""
+
+
+def _watch_key(session_id: str) -> str:
+    return f"e2b:polled-watch:{session_id}"
+
+
+def e2b_watch_remember(*, session_id: str, path: str, offset: int) -> None:
+    """What the next GetWatcherEvents of a polled watcher needs: the directory it watches
+    (events are named relative to it) and where to read from."""
+    cache.set(_watch_key(session_id), {"path": path, "offset": offset}, WATCH_STATE_TTL_S)
+
+
+def e2b_watch_events(
+    *, caller: Caller, sandbox: Sandbox, session_id: str
+) -> tuple[list[FileEvent], str]:
+    """The events of an agent-held polled watcher since its last poll, and the directory
+    it watches, through whichever web process (the read position lives in the cache:
+    Redis whenever several processes serve). Two polls racing may both return the same
+    events. Not counted. NotFound 'watcher_not_found'. Synchronous: call from a thread."""
+    state = cache.get(_watch_key(session_id)) or {}
+    path = str(state.get("path") or ".")
+    events, offset = sandbox_watch_poll(
+        caller=caller, sandbox=sandbox, session_id=session_id, since=int(state.get("offset") or 0)
+    )
+    e2b_watch_remember(session_id=session_id, path=path, offset=offset)
+    return events, path

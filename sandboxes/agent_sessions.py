@@ -553,6 +553,23 @@ class AgentWatch:
             if self._closed:
                 raise StopIteration
 
+    def drain(self, wait_s: float) -> list[FileEvent]:
+        """The events the watch holds now, and those that arrive until it has been quiet
+        for `wait_s` (a poll, not a wait for the next change); `offset` moves past them."""
+        while not self._closed:
+            held = len(self._frames) + len(self._records)
+            self._pull(wait_s)
+            if len(self._frames) + len(self._records) == held:
+                break
+        events = file_events(self._take())
+        self.offset = self._consumed
+        return events
+
+    def detach(self) -> None:
+        """Hang up and leave the watch recording (for its orphan time). Idempotent."""
+        self._closed = True
+        self._sock.close()
+
     def close(self) -> None:
         """End the watch in the sandbox. Idempotent."""
         if self._closed:

@@ -31,6 +31,7 @@ from .agent_sessions import (
     frame,
     sandbox_cwd,
     session_attach,
+    session_kill,
     session_list,
     session_open,
     supports_sessions,
@@ -44,8 +45,10 @@ from .providers.base import (
     ExecEvent,
     ExecRequest,
     ExecStream,
+    FileEvent,
     InvalidRequest,
     PortStream,
+    ProcessNotFound,
     ProviderError,
     PtySession,
     SandboxGone,
@@ -53,7 +56,7 @@ from .providers.base import (
     StreamingProvider,
 )
 from .services import provider_for, require_capability
-from .watchers import FileWatcher, WatchSpec, sandbox_pollers
+from .watchers import FileWatcher, WatchSpec, coalesce_events, sandbox_pollers
 
 __all__ = [  # the provider types a streaming interface handles, re-exported
     "ExecEvent",
@@ -75,6 +78,11 @@ EXEC_ORPHAN_S = 60.0
 keeps running this long for a reattach (`sandbox_exec_stream_attach`), then is killed."""
 WATCH_ORPHAN_S = 60.0
 """The same for a watch: its records are kept for a reattach (`sandbox_watch_resume`)."""
+POLLED_WATCH_ORPHAN_S = 600.0
+"""A polled watch (`sandbox_watch_open_polled`) has nobody attached between two polls: it
+records this long after the last one, then ends."""
+POLL_QUIET_S = 0.05
+"""A poll returns once the watch has been quiet this long."""
 UNTIMED_RUN_S = 7 * 24 * 3600.0
 """The timeout handed to exec_stream for a run without one: it lasts as long as its
 sandbox, but the agent wants a number (and poll() a finite one)."""
@@ -531,6 +539,92 @@ async def sandbox_watch_resume(
     )
     await watcher.start()
     return watcher
+
+
+def sandbox_watch_open_polled(
+    *, caller: Caller, sandbox: Sandbox, spec: WatchSpec
+) -> tuple[str, int] | None:
+    """Start a watch that the sandbox's agent holds with nobody attached, its records
+    waiting for `sandbox_watch_poll` from any web process (E2B's polled watchers): counted
+    once ('watch.create'). Returns its session id and the offset its first poll reads
+    from; None when the provider runs no agent (the caller watches in its own process,
+    `sandbox_watch_start`). It ends POLLED_WATCH_ORPHAN_S after the last poll, on
+    `sandbox_watch_stop`, or with the sandbox. Raises PaymentRequired (402),
+    ApplicationError 'sandbox_not_running', CapabilityNotSupported and the provider's
+    errors. Synchronous: call from a thread."""
+    caller.require_scope("files")
+    if sandbox.state != SandboxState.RUNNING:
+        raise ApplicationError("The sandbox is not running.", code="sandbox_not_running")
+    provider = provider_for(sandbox)
+    agent = provider if supports_sessions(provider) else None
+    if agent is None:
+        return None
+    with metered(caller, feature="watch", operation="watch.create", scope="files"):
+        require_capability(provider, Capability.WATCH)
+        info, link = session_open(
+            agent,
+            sandbox.provider_id,
+            kind="watch",
+            argv=[],
+            cwd=None,
+            env=None,
+            orphan_s=POLLED_WATCH_ORPHAN_S,
+            attach=True,
+            path=spec.path,
+            recursive=spec.recursive,
+        )
+        assert link is not None
+        watch = AgentWatch(link)
+        try:
+            watch.wait_ready()
+            watch.drain(0)  # past the ready mark
+        except BaseException:
+            watch.close()
+            raise
+        watch.detach()
+    return info.id, watch.offset
+
+
+def sandbox_watch_poll(
+    *, caller: Caller, sandbox: Sandbox, session_id: str, since: int
+) -> tuple[list[FileEvent], int]:
+    """What a polled watch recorded after byte `since` (coalesced per path, as a watcher's
+    batch), and the offset to poll from next. Not counted (reads what the watch
+    collected). NotFound 'watcher_not_found' when the agent does not know it (stopped,
+    orphaned, or never was). Synchronous: call from a thread."""
+    caller.require_scope("files")
+    not_found = NotFound("No such watch in this sandbox.", code="watcher_not_found")
+    if sandbox.state != SandboxState.RUNNING or not session_id.startswith("watch_"):
+        raise not_found
+    provider = provider_for(sandbox)
+    if not supports_sessions(provider):
+        raise not_found
+    try:
+        link = session_attach(provider, sandbox.provider_id, check_id(session_id), since)
+    except ProviderError:
+        raise not_found from None
+    if link.info.kind != "watch":
+        link.close()
+        raise not_found
+    watch = AgentWatch(link)
+    try:
+        events = coalesce_events(watch.drain(POLL_QUIET_S))
+    finally:
+        watch.detach()
+    return events, watch.offset
+
+
+def sandbox_watch_stop(*, caller: Caller, sandbox: Sandbox, session_id: str) -> None:
+    """End a polled watch (not counted: stopping). NotFound 'watcher_not_found'.
+    Synchronous: call from a thread."""
+    caller.require_scope("files")
+    provider = provider_for(sandbox)
+    if not session_id.startswith("watch_") or not supports_sessions(provider):
+        raise NotFound("No such watch in this sandbox.", code="watcher_not_found")
+    try:
+        session_kill(provider, sandbox.provider_id, check_id(session_id))
+    except ProcessNotFound:
+        raise NotFound("No such watch in this sandbox.", code="watcher_not_found") from None
 
 
 # --- port previews -----------------------------------------------------------------------------------

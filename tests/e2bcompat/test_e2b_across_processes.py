@@ -1,7 +1,8 @@
-"""The e2b SDK's processes across two web processes (the pair of daphnes of
-tests/realtime/test_across_processes.py, sharing PostgreSQL and Redis): a PTY and a
-command started through A are listed, connected to, typed into, resized and killed
-through B by the same pid, and go on after A dies, because the agent holds them.
+"""The e2b SDK's processes and polled watchers across two web processes (the pair of
+daphnes of tests/realtime/test_across_processes.py, sharing PostgreSQL and Redis): a PTY
+and a command started through A are listed, connected to, typed into, resized and killed
+through B by the same pid, and a watcher created through A is polled through B, after A
+died too, because the agent holds them all.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.realtime.conftest import Server
@@ -28,6 +30,30 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _opts(server: Server, key: str) -> dict[str, Any]:
     return {"api_key": key, "api_url": f"{server.http}/e2b", "sandbox_url": f"{server.http}/e2b"}
+
+
+def _filesystem_rpc(server: Server, key: str, sandbox_id: str, method: str, body: Any) -> Any:
+    """One envd filesystem call through `server`, as Connect's JSON protocol carries it
+    (the SDK's watch handle keeps to the server that created it)."""
+    response = httpx.post(
+        f"{server.http}/e2b/filesystem.Filesystem/{method}",
+        json=body,
+        headers={"X-API-Key": key, "E2b-Sandbox-Id": sandbox_id},
+        timeout=15,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _until(poll: Any, timeout: float = 15.0) -> Any:
+    """`poll()` again until it returns something (a watcher's events arrive a moment after
+    the write)."""
+    deadline = time.monotonic() + timeout
+    while not (found := poll()):
+        if time.monotonic() > deadline:
+            raise AssertionError("nothing came")
+        time.sleep(0.1)
+    return found
 
 
 class Collected:
@@ -76,7 +102,8 @@ def test_processes_started_through_one_web_process_are_driven_through_another(  
         monkeypatch.delenv(name, raising=False)
     a, proc_a = server_a
     sbx_a = Sandbox.create(template=provider, timeout=120, **_opts(a, key_a))
-    sbx_b = Sandbox.connect(sbx_a.sandbox_id, **_opts(server_b, key_a))
+    sandbox_id = sbx_a.sandbox_id
+    sbx_b = Sandbox.connect(sandbox_id, **_opts(server_b, key_a))
     try:
         # A PTY and a command, started through A.
         pty = sbx_a.pty.create(PtySize(rows=24, cols=80))
@@ -100,6 +127,22 @@ def test_processes_started_through_one_web_process_are_driven_through_another(  
         cat_on_a.wait_for(b"line one\n")
         cat_on_b.wait_for(b"line one\n")
 
+        # A polled watcher made through A answers its polls through B (and A).
+        sbx_a.files.make_dir("watched")
+        made = _filesystem_rpc(a, key_a, sandbox_id, "CreateWatcher", {"path": "watched"})
+        poll = {"watcherId": made["watcherId"]}
+
+        def polled(server: Server) -> Any:
+            found = _filesystem_rpc(server, key_a, sandbox_id, "GetWatcherEvents", poll)
+            return {event["name"] for event in found.get("events", [])}
+
+        sbx_b.files.write("watched/one.txt", "1")
+        assert "one.txt" in _until(lambda: polled(server_b))
+        _until(lambda: polled(server_b) == set())  # nothing of one.txt left to come
+        sbx_b.files.write("watched/two.txt", "2")
+        assert _until(lambda: polled(a)) == {"two.txt"}  # from where B's poll left off
+        _until(lambda: polled(a) == set())
+
         # A dies; through B both go on.
         _kill(proc_a)
         assert {p.pid for p in sbx_b.commands.list()} == {pty.pid, cat.pid}
@@ -107,6 +150,8 @@ def test_processes_started_through_one_web_process_are_driven_through_another(  
         pty_on_b.wait_for(b"still-kept-6")
         sbx_b.commands.send_stdin(cat.pid, "line two\n")
         cat_on_b.wait_for(b"line two\n")
+        sbx_b.files.write("watched/three.txt", "3")
+        assert _until(lambda: polled(server_b)) == {"three.txt"}
 
         # B kills them: its streams end, the list empties, a second kill finds nothing.
         assert sbx_b.commands.kill(cat.pid) is True
@@ -115,5 +160,13 @@ def test_processes_started_through_one_web_process_are_driven_through_another(  
         assert pty_on_b.ended.wait(10)
         assert sbx_b.commands.list() == []
         assert sbx_b.commands.kill(cat.pid) is False
+        _filesystem_rpc(server_b, key_a, sandbox_id, "RemoveWatcher", poll)
+        gone = httpx.post(
+            f"{server_b.http}/e2b/filesystem.Filesystem/GetWatcherEvents",
+            json=poll,
+            headers={"X-API-Key": key_a, "E2b-Sandbox-Id": sandbox_id},
+            timeout=15,
+        )
+        assert gone.status_code == 404, gone.text
     finally:
         sbx_b.kill()
