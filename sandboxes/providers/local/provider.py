@@ -50,6 +50,7 @@ from sandboxes.providers.local.boot import (
     check_passable,
     read_uid_file,
 )
+from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.files import Workspace
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.operations import JailOperations
@@ -97,6 +98,8 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._shared_etc = shared / "etc"
         jail.write_shared_etc(self._shared_etc)
         os.chmod(self._shared_etc, 0o755)  # noqa: S103 - files every jail reads
+        self._etc = JailEtc(shared, jail.ETC_FILES, jail.GENERATED_ETC, jail.NETWORK_ETC)
+        self._etc.remove_unused(self._etc_dirs_in_use())
         self._agent_path = shared / "agent.pyz"
         jail.install_agent(self._agent_path)
         self._identities = HostIdentities(shared / "uids", host_uid_base, host_uid_count)
@@ -126,6 +129,16 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         """Destroy the unclaimed warm jails and stop refilling (also done at exit)."""
         if self._pool is not None:
             self._pool.close()
+
+    def _etc_dirs_in_use(self) -> set[str]:
+        """The /etc directory of every jail under root_dir (see etc.py)."""
+        used = set()
+        for entry in os.listdir(self.root_dir):
+            if not entry.startswith("."):
+                state = jail.JailState.load(self.root_dir / entry / "state.json")
+                if state is not None and state.etc_dir:
+                    used.add(state.etc_dir)
+        return used
 
     # ------------------------------------------------------------------ paths
 
