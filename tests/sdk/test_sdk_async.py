@@ -65,3 +65,70 @@ def test_async_lifecycle_commands_and_files(sdk_env):  # type: ignore[no-untyped
 
     sandbox_id = asyncio.run(scenario())
     assert Sandbox.connect(sandbox_id).info().state == "destroyed"
+
+
+def test_async_files_processes_terminals_and_watch(sdk_env, tmp_path):  # type: ignore[no-untyped-def]
+    """The rest of the async surface, each operation once (their requests are _calls.py's,
+    shared with the sync client; their sockets _async_realtime.py's)."""
+
+    async def scenario() -> None:
+        async with AsyncSandpit() as sandpit:
+            sandbox = await sandpit.create(provider="local")
+            async with sandbox:
+                await sandbox.files.make_dir("w")
+                events: list[str] = []
+                watcher = await sandbox.files.watch("w", on_event=lambda e: events.append(e.path))
+                source = tmp_path / "up.bin"
+                source.write_bytes(b"x" * 200_000)
+                progress: list[int] = []
+                with source.open("rb") as stream:
+                    entry = await sandbox.files.write(
+                        "w/up.bin", stream, on_progress=lambda done, total: progress.append(done)
+                    )
+                assert entry.size_bytes == 200_000 and progress[-1] == 200_000
+                for _ in range(100):  # before the rename: the watcher may fold the two
+                    if "w/up.bin" in events:
+                        break
+                    await asyncio.sleep(0.05)
+                assert "w/up.bin" in events
+                chunks = [c async for c in await sandbox.files.read("w/up.bin", format="stream")]
+                assert b"".join(chunks) == b"x" * 200_000
+                assert (await sandbox.files.make_dir("w/d")).type == "dir"
+                moved = await sandbox.files.rename("w/up.bin", "w/d/up.bin")
+                assert moved.path == "w/d/up.bin"
+                assert (await sandbox.files.stat("w/d/up.bin")).size_bytes == 200_000
+                listed = await sandbox.files.list("w", recursive=True)
+                assert {e.path for e in listed} >= {"w/d", "w/d/up.bin"}
+                await sandbox.files.remove("w/d", recursive=True)
+                assert not await sandbox.files.exists("w/d")
+                await watcher.stop()
+
+                process = await sandbox.processes.start("sleep", ["60"])
+                assert process.pid in [p.pid for p in await sandbox.processes.list()]
+                assert await sandbox.processes.kill(process.pid) is True
+                await asyncio.sleep(0.2)
+                assert await sandbox.processes.kill(process.pid) is False
+                started = await sandbox.commands.start("echo detached")
+                for _ in range(100):
+                    output = await sandbox.commands.output(started.pid)
+                    if output.stdout:
+                        break
+                    await asyncio.sleep(0.05)
+                assert output.stdout == "detached\n"
+
+                terminal = await sandbox.terminals.create(cols=100, rows=30)
+                assert terminal.id in [t.id for t in await sandbox.terminals.list()]
+                await sandbox.terminals.resize(terminal.id, 120, 40)
+                await terminal.send("echo term-$((6*7))\n")
+                seen = b""
+                for _ in range(100):
+                    seen += terminal.output()
+                    if b"term-42" in seen:
+                        break
+                    await asyncio.sleep(0.05)
+                assert b"term-42" in seen
+                await terminal.close()  # kills it
+                assert await sandbox.terminals.kill(terminal.id) is False
+            assert await sandpit.delete_snapshot("snp_missing") is False
+
+    asyncio.run(scenario())

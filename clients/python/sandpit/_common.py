@@ -9,7 +9,9 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from .errors import SandpitError, error_from
+from websockets.exceptions import InvalidStatus
+
+from .errors import SandpitConnectionError, SandpitError, error_from
 from .models import CommandResult, FileEvent, ProviderInfo, SandboxInfo, SandboxToken
 
 API = "/api/v1"
@@ -117,6 +119,13 @@ def ws_error(message: dict[str, Any]) -> SandpitError:
         str(message.get("message") or "WebSocket error"),
         message.get("status"),
     )
+
+
+def ws_open_error(exc: InvalidStatus | OSError | TimeoutError, path: str) -> SandpitError:
+    """Why a WebSocket did not open: the server's refusal (its HTTP status), or no server."""
+    if isinstance(exc, InvalidStatus):
+        return error_from("websocket_refused", str(exc), exc.response.status_code)
+    return SandpitConnectionError(f"Cannot open {path}: {exc}", code="connection_error")
 
 
 def ws_close_error(code: int | None, reason: str) -> SandpitError:

@@ -15,12 +15,21 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from ._calls import Call
 from .config import Config
-from .errors import RequestTimeoutError, SandpitConnectionError, SandpitError, error_from_body
+from .errors import (
+    NotFoundError,
+    RequestTimeoutError,
+    SandpitConnectionError,
+    SandpitError,
+    error_from_body,
+)
+
+T = TypeVar("T")
 
 USER_AGENT = "sandpit-python/0.1.0"
 RETRY_STATUSES = frozenset({409, 429, 502, 503, 504})
@@ -90,6 +99,16 @@ def _retry_wait_s(
     if status == 503 and code in ("provider_not_configured",):
         return None
     return backoff
+
+
+def _request_options(call: Call[Any]) -> dict[str, Any]:
+    return {
+        "json": call.json,
+        "params": call.params,
+        "content": call.content,
+        "headers": call.headers,
+        "timeout_s": call.timeout_s,
+    }
 
 
 class _Base:
@@ -174,6 +193,16 @@ class HttpClient(_Base):
                 response.close()
             time.sleep(wait)
 
+    def call(self, call: Call[T]) -> T:
+        """Send `call` and read its answer (see sandpit/_calls.py)."""
+        try:
+            response = self.request(call.method, call.path, **_request_options(call))
+        except NotFoundError as exc:
+            if call.missing is None:
+                raise
+            return call.missing(exc)
+        return call.parse(response)
+
     def close(self) -> None:
         self.client.close()
 
@@ -238,6 +267,16 @@ class AsyncHttpClient(_Base):
             if response is not None:
                 await response.aclose()
             await asyncio.sleep(wait)
+
+    async def call(self, call: Call[T]) -> T:
+        """Send `call` and read its answer (see sandpit/_calls.py)."""
+        try:
+            response = await self.request(call.method, call.path, **_request_options(call))
+        except NotFoundError as exc:
+            if call.missing is None:
+                raise
+            return call.missing(exc)
+        return call.parse(response)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -14,7 +14,14 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from ._common import ExecState, OutputCallback, file_events, ws_close_error, ws_error
+from ._common import (
+    ExecState,
+    OutputCallback,
+    file_events,
+    ws_close_error,
+    ws_error,
+    ws_open_error,
+)
 from .errors import RequestTimeoutError, SandpitConnectionError, SandpitError, error_from
 from .models import CommandResult, FileEvent
 
@@ -29,12 +36,8 @@ def open_socket(
             open_timeout=open_timeout_s,
             max_size=None,
         )
-    except InvalidStatus as exc:
-        raise error_from("websocket_refused", str(exc), exc.response.status_code) from None
-    except (OSError, TimeoutError) as exc:
-        raise SandpitConnectionError(
-            f"Cannot open {path}: {exc}", code="connection_error"
-        ) from None
+    except (InvalidStatus, OSError, TimeoutError) as exc:
+        raise ws_open_error(exc, path) from None
 
 
 class CommandHandle:

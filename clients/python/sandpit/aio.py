@@ -1,25 +1,21 @@
-"""The asynchronous client: the same surface as `sandpit.client`, every call awaitable."""
+"""The asynchronous client: the same surface as `sandpit.client`, every call awaitable.
+
+Each REST operation is described once in _calls.py (shared with the sync client) and sent
+here with `await self.http.call(...)`; the sockets are in _async_realtime.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-
+from . import _calls as calls
 from . import _common as c
+from ._async_realtime import AsyncCommandHandle, AsyncTerminal, AsyncWatcher, open_socket
 from ._http import AsyncHttpClient, RetryPolicy
 from .config import Config, resolve_config
-from .errors import (
-    NotFoundError,
-    RequestTimeoutError,
-    SandpitConnectionError,
-    SandpitError,
-    error_from,
-)
+from .errors import NotFoundError
 from .models import (
     BackgroundOutput,
     CommandResult,
@@ -36,21 +32,17 @@ from .models import (
     TerminalInfo,
 )
 
-
-async def _open(http: AsyncHttpClient, path: str) -> ClientConnection:
-    try:
-        return await connect(
-            http.ws_base + path,
-            additional_headers={"Authorization": f"Bearer {http.config.api_key}"},
-            open_timeout=30,
-            max_size=None,
-        )
-    except InvalidStatus as exc:
-        raise error_from("websocket_refused", str(exc), exc.response.status_code) from None
-    except (OSError, TimeoutError) as exc:
-        raise SandpitConnectionError(
-            f"Cannot open {path}: {exc}", code="connection_error"
-        ) from None
+__all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncFiles",
+    "AsyncProcesses",
+    "AsyncSandbox",
+    "AsyncSandpit",
+    "AsyncTerminal",
+    "AsyncTerminals",
+    "AsyncWatcher",
+]
 
 
 class AsyncSandpit:
@@ -89,15 +81,13 @@ class AsyncSandpit:
             network=network,
             snapshot=snapshot,
         )
-        response = await self.http.request("POST", f"{c.API}/sandboxes", json=body)
-        return AsyncSandbox(self, SandboxInfo.from_json(response.json()))
+        return AsyncSandbox(self, await self.http.call(calls.sandbox_create(body)))
 
     async def connect(self, sandbox_id: str) -> AsyncSandbox:
         return AsyncSandbox(self, await self.sandbox_info(sandbox_id))
 
     async def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
-        response = await self.http.request("GET", c.sandbox_path(sandbox_id))
-        return SandboxInfo.from_json(response.json())
+        return await self.http.call(calls.sandbox_info(sandbox_id))
 
     async def list(
         self,
@@ -106,19 +96,13 @@ class AsyncSandpit:
         metadata: Mapping[str, Any] | None = None,
         include_destroyed: bool = False,
     ) -> list[SandboxInfo]:
-        params: dict[str, Any] = {"limit": 100, "offset": 0}
-        if state:
-            params["state"] = state
-        if include_destroyed:
-            params["all"] = "true"
+        params = calls.sandboxes_first_params(state, include_destroyed)
         found: list[SandboxInfo] = []
-        while True:
-            page = (await self.http.request("GET", f"{c.API}/sandboxes", params=params)).json()
-            results = page.get("results") or []
-            found.extend(SandboxInfo.from_json(item) for item in results)
-            if not page.get("next") or not results:
-                break
-            params["offset"] += len(results)
+        more = True
+        while more:
+            page, more = await self.http.call(calls.sandboxes_page(params))
+            found.extend(page)
+            params["offset"] += len(page)
         return [info for info in found if c.matches(info, metadata)]
 
     async def run(
@@ -132,43 +116,31 @@ class AsyncSandpit:
         limits: Mapping[str, float] | None = None,
         provider: str | None = None,
     ) -> RunResult:
-        body: dict[str, Any] = {}
-        for key, value in (
-            ("code", code),
-            ("command", command),
-            ("language", language),
-            ("stdin", stdin),
-            ("provider", provider),
-        ):
-            if value is not None:
-                body[key] = value
-        if files:
-            body["files"] = dict(files)
-        if limits:
-            body["limits"] = dict(limits)
-        wait = float((limits or {}).get("timeout_s", 60)) + c.HTTP_MARGIN_S
-        response = await self.http.request("POST", f"{c.API}/run", json=body, timeout_s=wait)
-        return RunResult.from_json(response.json())
+        return await self.http.call(
+            calls.run(
+                code=code,
+                command=command,
+                language=language,
+                files=files,
+                stdin=stdin,
+                limits=limits,
+                provider=provider,
+            )
+        )
 
     async def providers(self) -> list[ProviderInfo]:
-        return c.providers_from((await self.http.request("GET", f"{c.API}/providers")).json())
+        return await self.http.call(calls.providers())
 
     async def snapshots(self) -> list[SnapshotInfo]:
         """Your organization's snapshots, newest first (first page)."""
-        response = await self.http.request("GET", f"{c.API}/snapshots")
-        return [SnapshotInfo.from_json(entry) for entry in response.json()["results"]]
+        return await self.http.call(calls.snapshots())
 
     async def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
-        response = await self.http.request("GET", f"{c.API}/snapshots/{snapshot_id}")
-        return SnapshotInfo.from_json(response.json())
+        return await self.http.call(calls.snapshot_info(snapshot_id))
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         """Delete a snapshot and its archive; False when it was not found."""
-        try:
-            await self.http.request("DELETE", f"{c.API}/snapshots/{snapshot_id}")
-        except NotFoundError:
-            return False
-        return True
+        return await self.http.call(calls.snapshot_delete(snapshot_id))
 
     async def close(self) -> None:
         await self.http.close()
@@ -280,23 +252,20 @@ class AsyncSandbox:
         try:
             if (await self.client.sandbox_info(self.id)).state == "destroyed":
                 return False
-            data = (await self._request("DELETE", "")).json()
+            self._info = await self.client.http.call(calls.sandbox_destroy(self.id))
         except NotFoundError:
             return False
-        self._info = SandboxInfo.from_json(data)
         return True
 
     async def set_timeout(self, timeout_s: int) -> SandboxInfo:
-        data = (await self._request("POST", "/timeout", json={"timeout_s": timeout_s})).json()
-        self._info = SandboxInfo.from_json(data)
+        self._info = await self.client.http.call(calls.sandbox_set_timeout(self.id, timeout_s))
         return self._info
 
     async def stats(self) -> SandboxStats:
-        return SandboxStats.from_json((await self._request("GET", "/stats")).json())
+        return await self.client.http.call(calls.sandbox_stats(self.id))
 
     async def create_token(self, scopes: list[str], *, ttl_s: int = 900) -> SandboxToken:
-        response = await self._request("POST", "/tokens", json={"scopes": scopes, "ttl_s": ttl_s})
-        return c.token_from(response.json())
+        return await self.client.http.call(calls.sandbox_token(self.id, scopes, ttl_s))
 
     async def get_url(self, port: int, *, ttl_s: int = 900) -> str:
         token = await self.create_token(["ports"], ttl_s=ttl_s)
@@ -304,33 +273,29 @@ class AsyncSandbox:
 
     async def pause(self) -> SandboxInfo:
         """Freeze every process, memory kept (see Sandbox.pause)."""
-        self._info = SandboxInfo.from_json((await self._request("POST", "/pause")).json())
+        self._info = await self.client.http.call(calls.sandbox_pause(self.id))
         return self._info
 
     async def resume(self) -> SandboxInfo:
         """Thaw a paused sandbox, or start an archived one again (see Sandbox.resume)."""
-        self._info = SandboxInfo.from_json((await self._request("POST", "/resume")).json())
+        self._info = await self.client.http.call(calls.sandbox_resume(self.id))
         return self._info
 
     async def snapshot(self, name: str = "") -> SnapshotInfo:
         """Save /workspace and /tmp as a snapshot."""
-        response = await self._request("POST", "/snapshots", json={"name": name})
-        return SnapshotInfo.from_json(response.json())
+        return await self.client.http.call(calls.sandbox_snapshot(self.id, name))
 
     async def snapshots(self) -> list[SnapshotInfo]:
         """This sandbox's snapshots, newest first (first page)."""
-        response = await self._request("GET", "/snapshots")
-        return [SnapshotInfo.from_json(entry) for entry in response.json()["results"]]
+        return await self.client.http.call(calls.sandbox_snapshots(self.id))
 
     async def fork(self) -> AsyncSandbox:
         """A new sandbox with a copy of this one's files, on the same client."""
-        response = await self._request("POST", "/fork")
-        return AsyncSandbox(self.client, SandboxInfo.from_json(response.json()))
+        return AsyncSandbox(self.client, await self.client.http.call(calls.sandbox_fork(self.id)))
 
     async def languages(self) -> list[Language]:
         """The languages this sandbox runs (its template's): what run_code's `language` takes."""
-        response = await self._request("GET", "/languages")
-        return [Language.from_json(entry) for entry in response.json()["results"]]
+        return await self.client.http.call(calls.sandbox_languages(self.id))
 
     async def run_code(
         self,
@@ -348,18 +313,15 @@ class AsyncSandbox:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             handle = await self.commands._stream(message, stdin, on_stdout, on_stderr, False)
             return await handle.wait()
-        body: dict[str, Any] = {"code": code, "encoding": "base64"}
-        if language:
-            body["language"] = language
-        if stdin is not None:
-            body["stdin"] = stdin
-        if timeout_s is not None:
-            body["timeout_s"] = timeout_s
-        if compile_timeout_s is not None:
-            body["compile_timeout_s"] = compile_timeout_s
-        wait = (timeout_s or 300) + (compile_timeout_s or 30) + c.HTTP_MARGIN_S
-        response = await self._request("POST", "/code", json=body, timeout_s=wait)
-        return CommandResult.from_json(response.json())
+        call = calls.code_run(
+            self.id,
+            code,
+            language=language,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            compile_timeout_s=compile_timeout_s,
+        )
+        return await self.client.http.call(call)
 
     async def close(self) -> None:
         if self._owns_client:
@@ -373,71 +335,6 @@ class AsyncSandbox:
             await self.kill()
         finally:
             await self.close()
-
-
-class AsyncCommandHandle:
-    """Like `CommandHandle`: a command streaming over the exec socket, in a reader task."""
-
-    def __init__(self, ws: ClientConnection, message: dict[str, Any], state: c.ExecState):
-        self._ws = ws
-        self.id: str = message["id"]
-        self._state = state
-        self._started = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for frame in self._ws:
-                over = self._state.feed(frame)
-                if self._state.pid is not None:
-                    self._started.set()
-                if over:
-                    break
-        except ConnectionClosed as exc:
-            if self._state.result is None and self._state.error is None:
-                self._state.error = c.ws_close_error(exc.rcvd.code if exc.rcvd else None, "")
-        finally:
-            self._started.set()
-            await self._ws.close()
-
-    async def pid(self) -> int | None:
-        await asyncio.wait_for(self._started.wait(), 30)
-        return self._state.pid
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        try:
-            await self._ws.send(json.dumps(message))
-        except ConnectionClosed:
-            pass
-
-    async def send_stdin(self, data: str, *, eof: bool = False) -> None:
-        await self._send({"type": "stdin", "id": self.id, "data": data, "eof": eof})
-
-    async def close_stdin(self) -> None:
-        await self._send({"type": "stdin_close", "id": self.id})
-
-    async def signal(self, signal: str = "SIGINT") -> None:
-        await self._send({"type": "signal", "id": self.id, "signal": signal})
-
-    async def kill(self) -> bool:
-        if self._task.done():
-            return False
-        await self._send({"type": "cancel", "id": self.id})
-        return True
-
-    async def wait(self, timeout_s: float | None = None) -> CommandResult:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
-        except TimeoutError:
-            raise RequestTimeoutError("The command is still running.", code="timeout") from None
-        if self._state.error is not None:
-            raise self._state.error
-        assert self._state.result is not None
-        return self._state.result
-
-    @property
-    def finished(self) -> bool:
-        return self._task.done()
 
 
 class AsyncCommands:
@@ -462,11 +359,8 @@ class AsyncCommands:
             message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
             handle = await self._stream(message, stdin, on_stdout, on_stderr, background)
             return handle if background else await handle.wait()
-        # base64: the exact bytes come back (CommandResult.stdout_bytes), text is decoded here.
-        body = {**c.command_body(cmd, args, cwd, env, stdin, timeout_s), "encoding": "base64"}
-        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
-        response = await self._sandbox._request("POST", "/commands", json=body, timeout_s=wait)
-        return CommandResult.from_json(response.json())
+        call = calls.command_run(self._sandbox.id, cmd, args, cwd, env, stdin, timeout_s)
+        return await self._sandbox.client.http.call(call)
 
     async def start(
         self,
@@ -478,24 +372,16 @@ class AsyncCommands:
     ) -> ProcessInfo:
         """Start `cmd` detached (it outlives this client) and return at once; read what it
         writes with `output(pid)`, stop it with `sandbox.processes.kill(pid)`."""
-        body = {**c.command_body(cmd, args, cwd, env, None, None), "background": True}
-        response = await self._sandbox._request("POST", "/commands", json=body)
-        return ProcessInfo.from_json(response.json())
+        call = calls.command_start(self._sandbox.id, cmd, args, cwd, env)
+        return await self._sandbox.client.http.call(call)
 
     async def output(
         self, pid: int, *, stdout_offset: int = 0, stderr_offset: int = 0
     ) -> BackgroundOutput:
         """What a command from `start()` wrote after the given byte offsets (pass back the
         previous answer's offsets to read only what is new), and whether it still runs."""
-        params = {
-            "stdout_offset": stdout_offset,
-            "stderr_offset": stderr_offset,
-            "encoding": "base64",
-        }
-        response = await self._sandbox._request(
-            "GET", f"/processes/{int(pid)}/output", params=params
-        )
-        return BackgroundOutput.from_json(response.json())
+        call = calls.command_output(self._sandbox.id, pid, stdout_offset, stderr_offset)
+        return await self._sandbox.client.http.call(call)
 
     async def _stream(
         self,
@@ -505,7 +391,7 @@ class AsyncCommands:
         on_stderr: c.OutputCallback | None,
         keep_stdin_open: bool,
     ) -> AsyncCommandHandle:
-        ws = await _open(self._sandbox.client.http, f"/ws/sandboxes/{self._sandbox.id}/exec")
+        ws = await open_socket(self._sandbox.client.http, f"/ws/sandboxes/{self._sandbox.id}/exec")
         await ws.send(json.dumps(message))
         run_id = message["id"]
         if stdin is not None:
@@ -536,10 +422,8 @@ class AsyncFiles:
             return chunks()
         if format not in ("bytes", "text"):
             raise ValueError("format is 'bytes', 'text' or 'stream'")
-        data = (
-            await self._sandbox._request("GET", "/files/content", params={"path": path})
-        ).content
-        return data.decode() if format == "text" else bytes(data)
+        data = await self._sandbox.client.http.call(calls.file_content(self._sandbox.id, path))
+        return data.decode() if format == "text" else data
 
     async def write(
         self, path: str, data: Any, *, on_progress: c.ProgressCallback | None = None
@@ -553,41 +437,29 @@ class AsyncFiles:
                     yield piece
 
             body = agen()
-        headers = {"Content-Type": "application/octet-stream"}
-        if total is not None and not isinstance(body, bytes):
-            headers["Content-Length"] = str(total)
-        response = await self._sandbox._request(
-            "PUT", "/files/content", params={"path": path}, content=body, headers=headers
-        )
-        return FileEntry.from_json(response.json())
+        call = calls.file_write(self._sandbox.id, path, body, total)
+        return await self._sandbox.client.http.call(call)
 
     async def list(self, path: str = ".", *, recursive: bool = False) -> list[FileEntry]:
-        params = {"path": path, "recursive": "true" if recursive else "false"}
-        data = (await self._sandbox._request("GET", "/files", params=params)).json()
-        return [FileEntry.from_json(e) for e in data.get("entries") or []]
+        return await self._sandbox.client.http.call(
+            calls.file_list(self._sandbox.id, path, recursive)
+        )
 
     async def stat(self, path: str) -> FileEntry:
-        response = await self._sandbox._request("GET", "/files/stat", params={"path": path})
-        return FileEntry.from_json(response.json())
+        return await self._sandbox.client.http.call(calls.file_stat(self._sandbox.id, path))
 
     async def exists(self, path: str) -> bool:
         """Whether anything is at `path` (a dangling symlink counts)."""
-        response = await self._sandbox._request("GET", "/files/exists", params={"path": path})
-        return bool(response.json()["exists"])
+        return await self._sandbox.client.http.call(calls.file_exists(self._sandbox.id, path))
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
-        params = {"path": path, "recursive": "true" if recursive else "false"}
-        await self._sandbox._request("DELETE", "/files", params=params)
+        await self._sandbox.client.http.call(calls.file_remove(self._sandbox.id, path, recursive))
 
     async def rename(self, src: str, dst: str) -> FileEntry:
-        response = await self._sandbox._request(
-            "POST", "/files/move", json={"from": src, "to": dst}
-        )
-        return FileEntry.from_json(response.json())
+        return await self._sandbox.client.http.call(calls.file_move(self._sandbox.id, src, dst))
 
     async def make_dir(self, path: str) -> FileEntry:
-        response = await self._sandbox._request("POST", "/files/mkdir", json={"path": path})
-        return FileEntry.from_json(response.json())
+        return await self._sandbox.client.http.call(calls.file_mkdir(self._sandbox.id, path))
 
     async def watch(
         self,
@@ -598,71 +470,12 @@ class AsyncFiles:
         ignore: list[str] | None = None,
         debounce_ms: int = 100,
     ) -> AsyncWatcher:
-        ws = await _open(self._sandbox.client.http, f"/ws/sandboxes/{self._sandbox.id}/events")
+        ws = await open_socket(
+            self._sandbox.client.http, f"/ws/sandboxes/{self._sandbox.id}/events"
+        )
         watcher = AsyncWatcher(ws, on_event)
         await watcher._start(path, recursive, ignore, debounce_ms)
         return watcher
-
-
-class AsyncWatcher:
-    def __init__(self, ws: ClientConnection, on_event: Callable[[FileEvent], Any]) -> None:
-        self._ws = ws
-        self.on_event = on_event
-        self.id = "w1"
-        self._task: asyncio.Task[None] | None = None
-
-    async def _next(self, kind: str) -> dict[str, Any]:
-        while True:
-            try:
-                frame = await asyncio.wait_for(self._ws.recv(), 30)
-            except TimeoutError:
-                await self._ws.close()
-                raise RequestTimeoutError(
-                    f"No '{kind}' from the events socket.", code="timeout"
-                ) from None
-            except ConnectionClosed as exc:
-                raise c.ws_close_error(exc.rcvd.code if exc.rcvd else None, "") from None
-            message = json.loads(frame)
-            if message.get("type") == "error":
-                await self._ws.close()
-                raise c.ws_error(message)
-            if message.get("type") == kind:
-                return dict(message)
-
-    async def _start(
-        self, path: str, recursive: bool, ignore: list[str] | None, debounce_ms: int
-    ) -> None:
-        ready = await self._next("ready")
-        if "files" not in (ready.get("signals") or []):
-            await self._ws.close()
-            raise error_from("scope_missing", "This credential cannot watch files.", 403)
-        message: dict[str, Any] = {
-            "type": "watch",
-            "id": self.id,
-            "path": path,
-            "recursive": recursive,
-            "debounce_ms": debounce_ms,
-        }
-        if ignore:
-            message["ignore"] = list(ignore)
-        await self._ws.send(json.dumps(message))
-        await self._next("watching")
-        self._task = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for frame in self._ws:
-                message = json.loads(frame)
-                if message.get("type") == "files" and message.get("watcher") == self.id:
-                    for event in c.file_events(message):
-                        self.on_event(event)
-        except ConnectionClosed:
-            pass
-
-    async def stop(self) -> None:
-        await self._ws.close()
-        if self._task is not None:
-            await asyncio.wait([self._task], timeout=5)
 
 
 class AsyncProcesses:
@@ -670,8 +483,7 @@ class AsyncProcesses:
         self._sandbox = sandbox
 
     async def list(self) -> list[ProcessInfo]:
-        data = (await self._sandbox._request("GET", "/processes")).json()
-        return [ProcessInfo.from_json(p) for p in data.get("results") or []]
+        return await self._sandbox.client.http.call(calls.process_list(self._sandbox.id))
 
     async def start(
         self,
@@ -681,92 +493,14 @@ class AsyncProcesses:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ProcessInfo:
-        body = c.command_body(cmd, args, cwd, env, None, None)
-        return ProcessInfo.from_json(
-            (await self._sandbox._request("POST", "/processes", json=body)).json()
-        )
+        call = calls.process_start(self._sandbox.id, cmd, args, cwd, env)
+        return await self._sandbox.client.http.call(call)
 
     async def signal(self, pid: int, signal: str = "SIGTERM") -> None:
-        await self._sandbox._request(
-            "POST", f"/processes/{int(pid)}/signal", json={"signal": signal}
-        )
+        await self._sandbox.client.http.call(calls.process_signal(self._sandbox.id, pid, signal))
 
     async def kill(self, pid: int) -> bool:
-        try:
-            await self.signal(pid, "SIGKILL")
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
-
-
-class AsyncTerminal:
-    """Like `Terminal`, with a reader task."""
-
-    def __init__(
-        self,
-        ws: ClientConnection,
-        terminal_id: str,
-        on_data: Callable[[bytes], Any] | None,
-        terminals: AsyncTerminals,
-    ) -> None:
-        self.id = terminal_id
-        self.on_data = on_data
-        self._ws = ws
-        self._terminals = terminals
-        self._buffer = bytearray()
-        self.exit_code: int | None = None
-        self.error: SandpitError | None = None
-        self._task = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            async for frame in self._ws:
-                if isinstance(frame, bytes):
-                    if self.on_data is None:
-                        self._buffer += frame
-                    else:
-                        self.on_data(frame)
-                    continue
-                message = json.loads(frame)
-                if message.get("type") == "exit":
-                    self.exit_code = message.get("code")
-                elif message.get("type") == "error":
-                    self.error = c.ws_error(message)
-        except ConnectionClosed:
-            pass
-
-    def output(self) -> bytes:
-        data, self._buffer = bytes(self._buffer), bytearray()
-        return data
-
-    async def send(self, data: bytes | str) -> None:
-        try:
-            await self._ws.send(data.encode() if isinstance(data, str) else data)
-        except ConnectionClosed as exc:
-            raise SandpitConnectionError("The terminal socket is closed.", code="closed") from exc
-
-    async def resize(self, cols: int, rows: int) -> None:
-        try:
-            await self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
-        except ConnectionClosed:
-            pass
-
-    async def wait(self, timeout_s: float | None = None) -> int | None:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
-        except TimeoutError:
-            raise RequestTimeoutError("The terminal is still running.", code="timeout") from None
-        if self.error is not None and self.exit_code is None:
-            raise self.error
-        return self.exit_code
-
-    async def close(self, *, kill: bool = True) -> None:
-        await self._ws.close()
-        await asyncio.wait([self._task], timeout=5)
-        if kill:
-            await self._terminals.kill(self.id)
+        return await self._sandbox.client.http.call(calls.process_kill(self._sandbox.id, pid))
 
 
 class AsyncTerminals:
@@ -783,38 +517,27 @@ class AsyncTerminals:
         env: Mapping[str, str] | None = None,
         on_data: Callable[[bytes], Any] | None = None,
     ) -> AsyncTerminal:
-        body: dict[str, Any] = {"cols": cols, "rows": rows}
-        if shell:
-            body["shell"] = shell
-        if cwd:
-            body["cwd"] = cwd
-        if env:
-            body["env"] = dict(env)
-        response = await self._sandbox._request("POST", "/terminals", json=body)
-        return await self.attach(TerminalInfo.from_json(response.json()).id, on_data=on_data)
+        call = calls.terminal_create(self._sandbox.id, cols, rows, shell, cwd, env)
+        info: TerminalInfo = await self._sandbox.client.http.call(call)
+        return await self.attach(info.id, on_data=on_data)
 
     async def attach(
         self, terminal_id: str, *, on_data: Callable[[bytes], Any] | None = None
     ) -> AsyncTerminal:
-        ws = await _open(
+        ws = await open_socket(
             self._sandbox.client.http, f"/ws/sandboxes/{self._sandbox.id}/terminals/{terminal_id}"
         )
-        return AsyncTerminal(ws, terminal_id, on_data, self)
+        return AsyncTerminal(ws, terminal_id, on_data, lambda: self.kill(terminal_id))
 
     async def list(self) -> list[TerminalInfo]:
-        data = (await self._sandbox._request("GET", "/terminals")).json()
-        return [TerminalInfo.from_json(t) for t in data.get("results") or []]
+        return await self._sandbox.client.http.call(calls.terminal_list(self._sandbox.id))
 
     async def resize(self, terminal_id: str, cols: int, rows: int) -> None:
-        await self._sandbox._request(
-            "POST", f"/terminals/{terminal_id}/resize", json={"cols": cols, "rows": rows}
+        await self._sandbox.client.http.call(
+            calls.terminal_resize(self._sandbox.id, terminal_id, cols, rows)
         )
 
     async def kill(self, terminal_id: str) -> bool:
-        try:
-            await self._sandbox._request("DELETE", f"/terminals/{terminal_id}")
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
+        return await self._sandbox.client.http.call(
+            calls.terminal_kill(self._sandbox.id, terminal_id)
+        )

@@ -1,10 +1,15 @@
-"""The synchronous client: `Sandpit` (the connection) and `Sandbox` (one sandbox)."""
+"""The synchronous client: `Sandpit` (the connection) and `Sandbox` (one sandbox).
+
+Each REST operation is described once in _calls.py (shared with the async client) and sent
+here with `self.http.call(...)`; the sockets are in _sync_realtime.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, overload
 
+from . import _calls as calls
 from . import _common as c
 from ._http import HttpClient, RetryPolicy
 from ._sync_realtime import CommandHandle, Terminal, Watcher, exec_handle, open_socket
@@ -70,15 +75,14 @@ class Sandpit:
             network=network,
             snapshot=snapshot,
         )
-        data = self.http.request("POST", f"{c.API}/sandboxes", json=body).json()
-        return Sandbox(self, SandboxInfo.from_json(data))
+        return Sandbox(self, self.http.call(calls.sandbox_create(body)))
 
     def connect(self, sandbox_id: str) -> Sandbox:
         """An existing sandbox of your organization (NotFoundError otherwise)."""
         return Sandbox(self, self.sandbox_info(sandbox_id))
 
     def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.from_json(self.http.request("GET", c.sandbox_path(sandbox_id)).json())
+        return self.http.call(calls.sandbox_info(sandbox_id))
 
     def list(
         self,
@@ -88,19 +92,13 @@ class Sandpit:
         include_destroyed: bool = False,
     ) -> list[SandboxInfo]:
         """Your organization's sandboxes, newest first (every page)."""
-        params: dict[str, Any] = {"limit": 100, "offset": 0}
-        if state:
-            params["state"] = state
-        if include_destroyed:
-            params["all"] = "true"
+        params = calls.sandboxes_first_params(state, include_destroyed)
         found: list[SandboxInfo] = []
-        while True:
-            page = self.http.request("GET", f"{c.API}/sandboxes", params=params).json()
-            results = page.get("results") or []
-            found.extend(SandboxInfo.from_json(item) for item in results)
-            if not page.get("next") or not results:
-                break
-            params["offset"] += len(results)
+        more = True
+        while more:
+            page, more = self.http.call(calls.sandboxes_page(params))
+            found.extend(page)
+            params["offset"] += len(page)
         return [info for info in found if c.matches(info, metadata)]
 
     # one-shot runs and providers ------------------------------------------------------------------
@@ -119,45 +117,33 @@ class Sandpit:
         """The one-shot judge: an ephemeral sandbox runs `code` or `command` and is destroyed.
         `limits`: timeout_s (the run), compile_timeout_s (a compiled language's compile step),
         memory_mb, pids. A compile failure is the 'compile_error' verdict."""
-        body: dict[str, Any] = {}
-        for key, value in (
-            ("code", code),
-            ("command", command),
-            ("language", language),
-            ("stdin", stdin),
-            ("provider", provider),
-        ):
-            if value is not None:
-                body[key] = value
-        if files:
-            body["files"] = dict(files)
-        if limits:
-            body["limits"] = dict(limits)
-        wait = float((limits or {}).get("timeout_s", 60)) + c.HTTP_MARGIN_S
-        data = self.http.request("POST", f"{c.API}/run", json=body, timeout_s=wait).json()
-        return RunResult.from_json(data)
+        return self.http.call(
+            calls.run(
+                code=code,
+                command=command,
+                language=language,
+                files=files,
+                stdin=stdin,
+                limits=limits,
+                provider=provider,
+            )
+        )
 
     def providers(self) -> list[ProviderInfo]:
-        return c.providers_from(self.http.request("GET", f"{c.API}/providers").json())
+        return self.http.call(calls.providers())
 
     # snapshots ------------------------------------------------------------------------------
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Your organization's snapshots, newest first (first page)."""
-        data = self.http.request("GET", f"{c.API}/snapshots").json()
-        return [SnapshotInfo.from_json(entry) for entry in data["results"]]
+        return self.http.call(calls.snapshots())
 
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
-        data = self.http.request("GET", f"{c.API}/snapshots/{snapshot_id}").json()
-        return SnapshotInfo.from_json(data)
+        return self.http.call(calls.snapshot_info(snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str) -> bool:
         """Delete a snapshot and its archive; False when it was not found."""
-        try:
-            self.http.request("DELETE", f"{c.API}/snapshots/{snapshot_id}")
-        except NotFoundError:
-            return False
-        return True
+        return self.http.call(calls.snapshot_delete(snapshot_id))
 
     def close(self) -> None:
         self.http.close()
@@ -270,29 +256,22 @@ class Sandbox:
         try:
             if self.client.sandbox_info(self.id).state == "destroyed":
                 return False
-            data = self.client.http.request("DELETE", self.path()).json()
+            self._info = self.client.http.call(calls.sandbox_destroy(self.id))
         except NotFoundError:
             return False
-        self._info = SandboxInfo.from_json(data)
         return True
 
     def set_timeout(self, timeout_s: int) -> SandboxInfo:
         """Set the idle timeout (seconds, 10 .. 7 days); counts as activity."""
-        data = self.client.http.request(
-            "POST", self.path("/timeout"), json={"timeout_s": timeout_s}
-        )
-        self._info = SandboxInfo.from_json(data.json())
+        self._info = self.client.http.call(calls.sandbox_set_timeout(self.id, timeout_s))
         return self._info
 
     def stats(self) -> SandboxStats:
-        return SandboxStats.from_json(self.client.http.request("GET", self.path("/stats")).json())
+        return self.client.http.call(calls.sandbox_stats(self.id))
 
     def create_token(self, scopes: list[str], *, ttl_s: int = 900) -> SandboxToken:
         """A short-lived token for this sandbox only (scopes: terminal, files, exec, ports)."""
-        data = self.client.http.request(
-            "POST", self.path("/tokens"), json={"scopes": scopes, "ttl_s": ttl_s}
-        ).json()
-        return c.token_from(data)
+        return self.client.http.call(calls.sandbox_token(self.id, scopes, ttl_s))
 
     def get_url(self, port: int, *, ttl_s: int = 900) -> str:
         """A preview URL for a server listening on `port`, carrying a token (scope `ports`)
@@ -303,39 +282,31 @@ class Sandbox:
     def pause(self) -> SandboxInfo:
         """Freeze every process, memory kept; its idle clock stops. Other operations answer
         409 'sandbox_paused' until `resume()`."""
-        self._info = SandboxInfo.from_json(
-            self.client.http.request("POST", self.path("/pause")).json()
-        )
+        self._info = self.client.http.call(calls.sandbox_pause(self.id))
         return self._info
 
     def resume(self) -> SandboxInfo:
         """Thaw a paused sandbox, or start an archived one again from its files (without
         its processes)."""
-        self._info = SandboxInfo.from_json(
-            self.client.http.request("POST", self.path("/resume")).json()
-        )
+        self._info = self.client.http.call(calls.sandbox_resume(self.id))
         return self._info
 
     def snapshot(self, name: str = "") -> SnapshotInfo:
         """Save /workspace and /tmp as a snapshot (`Sandpit.create(snapshot=...)` starts
         new sandboxes from it)."""
-        data = self.client.http.request("POST", self.path("/snapshots"), json={"name": name})
-        return SnapshotInfo.from_json(data.json())
+        return self.client.http.call(calls.sandbox_snapshot(self.id, name))
 
     def snapshots(self) -> list[SnapshotInfo]:
         """This sandbox's snapshots, newest first (first page)."""
-        data = self.client.http.request("GET", self.path("/snapshots")).json()
-        return [SnapshotInfo.from_json(entry) for entry in data["results"]]
+        return self.client.http.call(calls.sandbox_snapshots(self.id))
 
     def fork(self) -> Sandbox:
         """A new sandbox with a copy of this one's files, on the same client."""
-        data = self.client.http.request("POST", self.path("/fork")).json()
-        return Sandbox(self.client, SandboxInfo.from_json(data))
+        return Sandbox(self.client, self.client.http.call(calls.sandbox_fork(self.id)))
 
     def languages(self) -> list[Language]:
         """The languages this sandbox runs (its template's): what run_code's `language` takes."""
-        data = self.client.http.request("GET", self.path("/languages")).json()
-        return [Language.from_json(entry) for entry in data["results"]]
+        return self.client.http.call(calls.sandbox_languages(self.id))
 
     def run_code(
         self,
@@ -355,18 +326,15 @@ class Sandbox:
         if on_stdout or on_stderr:
             message = c.run_message(code=code, language=language, timeout_s=timeout_s)
             return self.commands._stream(message, stdin, on_stdout, on_stderr, False).wait()
-        body: dict[str, Any] = {"code": code, "encoding": "base64"}
-        if language:
-            body["language"] = language
-        if stdin is not None:
-            body["stdin"] = stdin
-        if timeout_s is not None:
-            body["timeout_s"] = timeout_s
-        if compile_timeout_s is not None:
-            body["compile_timeout_s"] = compile_timeout_s
-        wait = (timeout_s or 300) + (compile_timeout_s or 30) + c.HTTP_MARGIN_S
-        data = self.client.http.request("POST", self.path("/code"), json=body, timeout_s=wait)
-        return CommandResult.from_json(data.json())
+        call = calls.code_run(
+            self.id,
+            code,
+            language=language,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            compile_timeout_s=compile_timeout_s,
+        )
+        return self.client.http.call(call)
 
     def close(self) -> None:
         """Release the connection this sandbox opened (the sandbox keeps running)."""
@@ -445,13 +413,8 @@ class Commands:
             message = c.run_message(cmd=cmd, args=args, cwd=cwd, env=env, timeout_s=timeout_s)
             handle = self._stream(message, stdin, on_stdout, on_stderr, background)
             return handle if background else handle.wait()
-        # base64: the exact bytes come back (CommandResult.stdout_bytes), text is decoded here.
-        body = {**c.command_body(cmd, args, cwd, env, stdin, timeout_s), "encoding": "base64"}
-        wait = (timeout_s or 300) + c.HTTP_MARGIN_S
-        response = self._sandbox.client.http.request(
-            "POST", self._sandbox.path("/commands"), json=body, timeout_s=wait
-        )
-        return CommandResult.from_json(response.json())
+        call = calls.command_run(self._sandbox.id, cmd, args, cwd, env, stdin, timeout_s)
+        return self._sandbox.client.http.call(call)
 
     def start(
         self,
@@ -463,26 +426,17 @@ class Commands:
     ) -> ProcessInfo:
         """Start `cmd` detached (it outlives this client) and return at once; read what it
         writes with `output(pid)`, stop it with `sandbox.processes.kill(pid)`."""
-        body = {**c.command_body(cmd, args, cwd, env, None, None), "background": True}
-        response = self._sandbox.client.http.request(
-            "POST", self._sandbox.path("/commands"), json=body
+        return self._sandbox.client.http.call(
+            calls.command_start(self._sandbox.id, cmd, args, cwd, env)
         )
-        return ProcessInfo.from_json(response.json())
 
     def output(
         self, pid: int, *, stdout_offset: int = 0, stderr_offset: int = 0
     ) -> BackgroundOutput:
         """What a command from `start()` wrote after the given byte offsets (pass back the
         previous answer's offsets to read only what is new), and whether it still runs."""
-        params = {
-            "stdout_offset": stdout_offset,
-            "stderr_offset": stderr_offset,
-            "encoding": "base64",
-        }
-        response = self._sandbox.client.http.request(
-            "GET", self._sandbox.path(f"/processes/{int(pid)}/output"), params=params
-        )
-        return BackgroundOutput.from_json(response.json())
+        call = calls.command_output(self._sandbox.id, pid, stdout_offset, stderr_offset)
+        return self._sandbox.client.http.call(call)
 
     def _stream(
         self,
@@ -531,12 +485,10 @@ class Files:
                     response.close()
 
             return chunks()
-        data = self._request("GET", "/files/content", params={"path": path}).content
-        if format == "text":
-            return str(data.decode())
-        if format != "bytes":
+        if format not in ("bytes", "text"):
             raise ValueError("format is 'bytes', 'text' or 'stream'")
-        return bytes(data)
+        data = self._sandbox.client.http.call(calls.file_content(self._sandbox.id, path))
+        return data.decode() if format == "text" else data
 
     def write(
         self,
@@ -548,40 +500,26 @@ class Files:
         """Create or replace a file (parents are created) from bytes, text or a binary file
         object, streamed; `on_progress(done_bytes, total_bytes)` is called as it goes."""
         body, total = c.file_chunks(data, on_progress)
-        headers = {"Content-Type": "application/octet-stream"}
-        if total is not None and not isinstance(body, bytes):
-            headers["Content-Length"] = str(total)
-        response = self._request(
-            "PUT", "/files/content", params={"path": path}, content=body, headers=headers
-        )
-        return FileEntry.from_json(response.json())
+        return self._sandbox.client.http.call(calls.file_write(self._sandbox.id, path, body, total))
 
     def list(self, path: str = ".", *, recursive: bool = False) -> list[FileEntry]:
-        params = {"path": path, "recursive": "true" if recursive else "false"}
-        data = self._request("GET", "/files", params=params).json()
-        return [FileEntry.from_json(e) for e in data.get("entries") or []]
+        return self._sandbox.client.http.call(calls.file_list(self._sandbox.id, path, recursive))
 
     def stat(self, path: str) -> FileEntry:
-        return FileEntry.from_json(
-            self._request("GET", "/files/stat", params={"path": path}).json()
-        )
+        return self._sandbox.client.http.call(calls.file_stat(self._sandbox.id, path))
 
     def exists(self, path: str) -> bool:
         """Whether anything is at `path` (a dangling symlink counts)."""
-        return bool(self._request("GET", "/files/exists", params={"path": path}).json()["exists"])
+        return self._sandbox.client.http.call(calls.file_exists(self._sandbox.id, path))
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
-        params = {"path": path, "recursive": "true" if recursive else "false"}
-        self._request("DELETE", "/files", params=params)
+        self._sandbox.client.http.call(calls.file_remove(self._sandbox.id, path, recursive))
 
     def rename(self, src: str, dst: str) -> FileEntry:
-        data = self._request("POST", "/files/move", json={"from": src, "to": dst}).json()
-        return FileEntry.from_json(data)
+        return self._sandbox.client.http.call(calls.file_move(self._sandbox.id, src, dst))
 
     def make_dir(self, path: str) -> FileEntry:
-        return FileEntry.from_json(
-            self._request("POST", "/files/mkdir", json={"path": path}).json()
-        )
+        return self._sandbox.client.http.call(calls.file_mkdir(self._sandbox.id, path))
 
     def watch(
         self,
@@ -612,8 +550,7 @@ class Processes:
         self._sandbox = sandbox
 
     def list(self) -> list[ProcessInfo]:
-        data = self._sandbox.client.http.request("GET", self._sandbox.path("/processes")).json()
-        return [ProcessInfo.from_json(p) for p in data.get("results") or []]
+        return self._sandbox.client.http.call(calls.process_list(self._sandbox.id))
 
     def start(
         self,
@@ -624,26 +561,16 @@ class Processes:
         env: Mapping[str, str] | None = None,
     ) -> ProcessInfo:
         """A detached process (a server, a long job) that outlives this client."""
-        body = c.command_body(cmd, args, cwd, env, None, None)
-        data = self._sandbox.client.http.request(
-            "POST", self._sandbox.path("/processes"), json=body
+        return self._sandbox.client.http.call(
+            calls.process_start(self._sandbox.id, cmd, args, cwd, env)
         )
-        return ProcessInfo.from_json(data.json())
 
     def signal(self, pid: int, signal: str = "SIGTERM") -> None:
-        self._sandbox.client.http.request(
-            "POST", self._sandbox.path(f"/processes/{int(pid)}/signal"), json={"signal": signal}
-        )
+        self._sandbox.client.http.call(calls.process_signal(self._sandbox.id, pid, signal))
 
     def kill(self, pid: int) -> bool:
         """SIGKILL. False when there is no such process (already gone)."""
-        try:
-            self.signal(pid, "SIGKILL")
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
+        return self._sandbox.client.http.call(calls.process_kill(self._sandbox.id, pid))
 
 
 class Terminals:
@@ -661,17 +588,8 @@ class Terminals:
         on_data: Callable[[bytes], Any] | None = None,
     ) -> Terminal:
         """A new shell on a PTY, attached (feature `terminal`)."""
-        body: dict[str, Any] = {"cols": cols, "rows": rows}
-        if shell:
-            body["shell"] = shell
-        if cwd:
-            body["cwd"] = cwd
-        if env:
-            body["env"] = dict(env)
-        data = self._sandbox.client.http.request(
-            "POST", self._sandbox.path("/terminals"), json=body
-        )
-        return self.attach(TerminalInfo.from_json(data.json()).id, on_data=on_data)
+        call = calls.terminal_create(self._sandbox.id, cols, rows, shell, cwd, env)
+        return self.attach(self._sandbox.client.http.call(call).id, on_data=on_data)
 
     def attach(
         self, terminal_id: str, *, on_data: Callable[[bytes], Any] | None = None
@@ -688,24 +606,13 @@ class Terminals:
         )
 
     def list(self) -> list[TerminalInfo]:
-        data = self._sandbox.client.http.request("GET", self._sandbox.path("/terminals")).json()
-        return [TerminalInfo.from_json(t) for t in data.get("results") or []]
+        return self._sandbox.client.http.call(calls.terminal_list(self._sandbox.id))
 
     def resize(self, terminal_id: str, cols: int, rows: int) -> None:
-        self._sandbox.client.http.request(
-            "POST",
-            self._sandbox.path(f"/terminals/{terminal_id}/resize"),
-            json={"cols": cols, "rows": rows},
+        self._sandbox.client.http.call(
+            calls.terminal_resize(self._sandbox.id, terminal_id, cols, rows)
         )
 
     def kill(self, terminal_id: str) -> bool:
         """End the shell and its processes. False when it was already gone."""
-        try:
-            self._sandbox.client.http.request(
-                "DELETE", self._sandbox.path(f"/terminals/{terminal_id}")
-            )
-        except NotFoundError as exc:
-            if exc.code == "sandbox_not_found":
-                raise
-            return False
-        return True
+        return self._sandbox.client.http.call(calls.terminal_kill(self._sandbox.id, terminal_id))
