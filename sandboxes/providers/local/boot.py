@@ -390,7 +390,7 @@ def _hand_over_dirs(sdir: Path, host_uid: int) -> None:
     stays the server's (state.json, jail.log), passable but not listable."""
     os.chmod(sdir, 0o711)  # noqa: S103 - passable by jail uids, not listable
     for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("run", 0o755)):
-        path = sdir / sub
+        path = volume.subdir(sdir, sub)
         os.chown(path, host_uid, host_uid)
         os.chmod(path, mode)
 

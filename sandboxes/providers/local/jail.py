@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sandboxes.providers import agent_bundle
 from sandboxes.providers.base import Resources
+from sandboxes.providers.local import volume
 from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
@@ -448,13 +449,13 @@ def bwrap_argv(
             args += ["--ro-bind", str(shared_etc / name), f"/etc/{name}"]
     args += [
         "--bind",
-        str(sandbox_dir / "workspace"),
+        str(volume.subdir(sandbox_dir, "workspace")),
         "/workspace",
         "--bind",
-        str(sandbox_dir / "tmp"),
+        str(volume.subdir(sandbox_dir, "tmp")),
         "/tmp",
         "--bind",
-        str(sandbox_dir / "run"),
+        str(volume.subdir(sandbox_dir, "run")),
         "/run/sandpit",
         "--ro-bind",
         str(agent_path),

@@ -157,10 +157,10 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
     def _workspace(self, provider_id: str) -> Workspace:
         sandbox_dir = self._dir(provider_id)
         return Workspace(
-            sandbox_dir / "workspace",
+            volume.subdir(sandbox_dir, "workspace"),
             self.max_file_bytes,
             chown_to_owner=self._identities.switching,
-            tmp=sandbox_dir / "tmp",  # the jail's /tmp (jail.py binds it there)
+            tmp=volume.subdir(sandbox_dir, "tmp"),  # the jail's /tmp (jail.py binds it there)
         )
 
     # -------------------------------------------------------------- lifecycle

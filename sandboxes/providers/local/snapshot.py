@@ -34,7 +34,7 @@ from sandboxes.providers.base import (
     SandboxGone,
     SnapshotResult,
 )
-from sandboxes.providers.local import jail
+from sandboxes.providers.local import jail, volume
 from sandboxes.providers.snapshot_archive import (
     TAR_CREATE_ARGS,
     TAR_EXTRACT_ARGS,
@@ -138,10 +138,10 @@ def tar_jail_argv(
         "--dev",
         "/dev",
         bind,
-        str(sandbox_dir / "workspace"),
+        str(volume.subdir(sandbox_dir, "workspace")),
         f"{_VIEW}/workspace",
         bind,
-        str(sandbox_dir / "tmp"),
+        str(volume.subdir(sandbox_dir, "tmp")),
         f"{_VIEW}/tmp",
         "--chdir",
         _VIEW,
@@ -208,7 +208,7 @@ def _drop_setid_bits(sandbox_dir: Path) -> None:
     this holds even for an archive written by other means). Nothing of the sandbox runs
     yet, so the walk races nobody; links are never followed."""
     for sub in ("workspace", "tmp"):
-        for directory, _dirs, files in os.walk(sandbox_dir / sub):
+        for directory, _dirs, files in os.walk(volume.subdir(sandbox_dir, sub)):
             for name in files:
                 path = os.path.join(directory, name)
                 info = os.lstat(path)

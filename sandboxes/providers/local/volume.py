@@ -2,14 +2,17 @@
 
 RLIMIT_FSIZE caps one file; this caps them all. ``root_dir/<id>/vol`` is a
 tmpfs of ``resources.disk_mb`` megabytes (and one inode per 8 KiB, so empty
-files cannot exhaust kernel memory either), and ``workspace/``, ``tmp/`` and
-``run/`` (everything the jail can write) are bind mounts of its
-subdirectories. The layout the rest of the provider sees does not change, and
-host-side file operations keep working on it, failing with ENOSPC at the cap.
+files cannot exhaust kernel memory either) holding ``workspace/``, ``tmp/`` and
+``run/``, everything the jail can write (`subdir` finds them; ``root_dir/<id>/workspace``
+and the others are links to them, for people and tools). Host-side file operations work
+on them, failing with ENOSPC at the cap.
 
-The mounts live in the host's mount namespace, made before the jail starts
-and lazily unmounted (MNT_DETACH) when it is destroyed, so a file descriptor
-still open somewhere cannot keep the sandbox directory from being removed.
+The mount lives in the host's mount namespace, made before the jail starts and lazily
+unmounted (MNT_DETACH) when it is destroyed, so a file descriptor still open somewhere
+cannot keep the sandbox directory from being removed. One mount per sandbox, not a mount
+plus a bind per subdirectory: every new jail's namespace starts as a copy of the host's,
+and bwrap re-reads that whole mount table for each of its binds, so each live sandbox's
+mounts made every later jail's start dearer (the binds moved into the jail's command line).
 
 Trade-off: tmpfs lives in memory (and swap). Bytes written from inside the
 jail are charged to the sandbox's memory cgroup, bytes written host-side to
@@ -87,18 +90,27 @@ def create(sandbox_dir: Path, disk_mb: int) -> None:
     vol.mkdir(mode=0o700)
     size, inodes = _options(disk_mb)
     # One source name for every volume: the jail sees it in /proc/mounts, and a warm
-    # jail's would otherwise name the pool rather than the sandbox.
+    # jail's would otherwise name the pool rather than the sandbox. Passable, not listable,
+    # like the sandbox directory: bwrap (as the jail's uid) reaches the subdirectories
+    # through it.
     _mount(
         "sandpit",
         vol,
         "tmpfs",
         _MS_NOSUID | _MS_NODEV,
-        f"size={size}m,nr_inodes={inodes},mode=0700,uid={os.getuid()},gid={os.getgid()}",
+        f"size={size}m,nr_inodes={inodes},mode=0711,uid={os.getuid()},gid={os.getgid()}",
     )
     for sub in SUBDIRS:
         (vol / sub).mkdir(mode=0o755)
-        (sandbox_dir / sub).mkdir(mode=0o755)
-        _mount(str(vol / sub), sandbox_dir / sub, None, _MS_BIND, None)
+        (sandbox_dir / sub).symlink_to(f"vol/{sub}")
+
+
+def subdir(sandbox_dir: Path, sub: str) -> Path:
+    """Where the sandbox's `sub` (one of SUBDIRS) really is: in its volume when it has one
+    (also for sandboxes from before the links, whose `sub` was a bind of the same
+    directory), else right in `sandbox_dir`."""
+    inside = sandbox_dir / "vol" / sub
+    return inside if os.path.isdir(inside) else sandbox_dir / sub
 
 
 def _options(disk_mb: int) -> tuple[int, int]:
@@ -127,7 +139,8 @@ def resize(sandbox_dir: Path, disk_mb: int) -> None:
 
 
 def remove(sandbox_dir: Path) -> None:
-    """Detach every mount `create` made (those that exist); never raises."""
+    """Detach every mount `create` made (and the binds of sandboxes made before the links);
+    never raises."""
     for sub in (*SUBDIRS, "vol"):
         _umount(sandbox_dir / sub)
 
