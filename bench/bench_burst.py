@@ -11,6 +11,12 @@ and each measure then starts once the pools are full again; --processes runs tha
 processes on the port (SANDPIT_WEB_PROCESSES).
 Only the ratios travel between machines (this one's speed drifts); the hosted figures printed
 at the end are other products' published numbers, for context only.
+
+CPU per sandbox (local, as root on cgroup v1): the server runs in a cpuacct cgroup of its own,
+which its jails nest under, and the floors' processes in another, so the table also says
+what one sandbox costs in CPU-ms (web processes' own Python, and everything else: bwrap, the
+agent, node, the kernel's work for them) beside one raw spawn. Latency on a shared 2-core host
+swings with the neighbours' load; CPU per sandbox hardly does.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -71,6 +79,102 @@ async def destroy_all(client: httpx.AsyncClient, created: list[str]) -> None:
     created.clear()
 
 
+_CPUACCT = "/sys/fs/cgroup/cpuacct"
+Sample = tuple[float, float, float]
+"""CPU seconds so far: the server's cgroup, its web processes alone, the floors' processes."""
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of the server's cgroup (web processes and their jails), of the web
+    processes alone, and of this process's finished children (the floors)."""
+
+    server: Path | None = None
+    floors: Path | None = None
+    web_pids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def setup(cls) -> CpuMeter:
+        """Cgroups `bench-burst-<pid>/{server,floors}` below ours, or an inactive meter."""
+        own = _own_cgroup("cpuacct")
+        if os.geteuid() != 0 or own is None or not os.path.isdir(_CPUACCT):
+            return cls()
+        base = Path(f"{_CPUACCT}{own.rstrip('/')}/bench-burst-{os.getpid()}")
+        try:
+            for name in ("server", "floors"):
+                (base / name).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return cls()
+        return cls(server=base / "server", floors=base / "floors")
+
+    def enter(self, which: str) -> None:
+        """Move this process into `which` ("server" before starting it, then "floors")."""
+        path = self.server if which == "server" else self.floors
+        if path is not None:
+            (path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def note_web_processes(self) -> None:
+        if self.server is not None:
+            me = str(os.getpid())
+            procs = (self.server / "cgroup.procs").read_text().split()
+            self.web_pids = [int(p) for p in procs if p != me]
+
+    def sample(self) -> Sample | None:
+        if self.server is None:
+            return None
+        server = int((self.server / "cpuacct.usage").read_text()) / 1e9
+        web = sum(_proc_cpu(pid) for pid in self.web_pids)
+        # Not RUSAGE_CHILDREN: it misses work bwrap's namespaced children leave to the kernel.
+        floors = int((self.floors / "cpuacct.usage").read_text()) / 1e9 if self.floors else 0.0
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return server, web, floors - (own.ru_utime + own.ru_stime)
+
+    def remove(self) -> None:
+        """Remove the cgroups, with the (empty) ones the server's provider made below."""
+        if self.server is None:
+            return
+        for directory, _, _ in sorted(os.walk(self.server.parent), reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+
+
+def _own_cgroup(controller: str) -> str | None:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if controller in names.split(","):
+                return path
+    return None
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_row(
+    name: str,
+    product: tuple[Sample | None, Sample | None],
+    floor: tuple[Sample | None, Sample | None],
+    count: int,
+) -> tuple[str, ...] | None:
+    """CPU-ms per sandbox over the `product` window, and per raw spawn over `floor`'s."""
+    (p0, p1), (f0, f1) = product, floor
+    if p0 is None or p1 is None or f0 is None or f1 is None:
+        return None
+    server = (p1[0] - p0[0]) * 1000 / count
+    web = (p1[1] - p0[1]) * 1000 / count
+    spawn = (f1[2] - f0[2]) * 1000 / count
+    ratio = f"{server / spawn:.1f}x" if spawn > 0 else "-"
+    return (name, f"{server:.1f}", f"{web:.1f}", f"{server - web:.1f}", f"{spawn:.1f}", ratio)
+
+
 def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), percentile(samples, 95)
 
@@ -93,10 +197,11 @@ async def wait_warm(root: Path | None, want: int) -> None:
 
 
 async def measure(
-    port: int, key: str, args: argparse.Namespace, root: Path | None = None
-) -> list[tuple[str, ...]]:
+    port: int, key: str, args: argparse.Namespace, meter: CpuMeter, root: Path | None = None
+) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
     want = (args.warm_pool or 0) * args.processes
     rows: list[tuple[str, ...]] = []
+    cpu_rows: list[tuple[str, ...]] = []
     limits = httpx.Limits(max_connections=args.burst + 10, max_keepalive_connections=args.burst)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}",
@@ -111,30 +216,44 @@ async def measure(
             await floor_once(args.provider)
         await destroy_all(client, created)
 
-        # One after another, product and floor interleaved.
+        # One after another, product and floor interleaved (CPU: the floors' first, then
+        # the product's, both over the whole phase).
         await wait_warm(root, want)
         product: list[float] = []
         floor: list[float] = []
+        before = meter.sample()
         for _ in range(args.sequential):
             product.append(await product_once(client, args.provider, created))
             floor.append(await floor_once(args.provider))
+        after = meter.sample()
         await destroy_all(client, created)
         rows.append(("one after another", *_row(product, floor)))
+        # Interleaved: the floors' CPU is in their cgroup, the product's in the server's.
+        row = cpu_row("one after another", (before, after), (before, after), args.sequential)
+        if row is not None:
+            cpu_rows.append(row)
 
         # Many at once: the floor burst, then the product burst.
         await wait_warm(root, want)
+        before = meter.sample()
         floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
+        middle = meter.sample()
         results = await asyncio.gather(
             *(product_once(client, args.provider, created) for _ in range(args.burst)),
             return_exceptions=True,
         )
+        after = meter.sample()
         errors = [r for r in results if isinstance(r, BaseException)]
         product = [r for r in results if isinstance(r, float)]
         await destroy_all(client, created)
-        rows.append((f"{args.burst} at once ({len(errors)} errors)", *_row(product, floor)))
+        name = f"{args.burst} at once ({len(errors)} errors)"
+        rows.append((name, *_row(product, floor)))
+        row = cpu_row(name, (middle, after), (before, middle), args.burst)
+        if row is not None:
+            cpu_rows.append(row)
         for error in errors[:3]:
             print("error:", error)
-    return rows
+    return rows, cpu_rows
 
 
 def _row(product: list[float], floor: list[float]) -> tuple[str, ...]:
@@ -170,8 +289,15 @@ def main() -> None:
     env = bench_env(extra)
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-burst")
-    with daphne(env, processes=args.processes) as port:
-        rows = asyncio.run(measure(port, key, args, root))
+    meter = CpuMeter.setup() if args.provider == "local" else CpuMeter()
+    meter.enter("server")  # the server starts in it, and its jails nest below
+    try:
+        with daphne(env, processes=args.processes) as port:
+            meter.note_web_processes()
+            meter.enter("floors")
+            rows, cpu_rows = asyncio.run(measure(port, key, args, meter, root))
+    finally:
+        meter.remove()
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
     pool = "server default" if args.warm_pool is None else str(args.warm_pool)
     print(
@@ -182,6 +308,14 @@ def main() -> None:
     print(" | ".join(header))
     for row in rows:
         print(" | ".join(row))
+    if cpu_rows:
+        print(
+            "\nCPU-ms per sandbox (create + first command; the warm pool's refills and the "
+            "jails' start-up included as they happen in the window), beside one raw spawn"
+        )
+        print("measure | all | web processes | jails etc. | floor | ratio")
+        for row in cpu_rows:
+            print(" | ".join(row))
     hosted = ", ".join(f"{name} {ms} ms" for name, ms in HOSTED_BURST_MEDIANS_MS.items())
     print(f"\nFor context only (published, hosted, over the internet): burst medians {hosted}")
 
