@@ -259,16 +259,51 @@ async def _agent_running(sandbox: Sandbox) -> list[SessionInfo]:
     return [s for s in sessions if s.running and _e2b(s) is not None]
 
 
-async def _find(sandbox: Sandbox, selector: pb.ProcessSelector | None) -> SessionInfo | E2BProcess:
-    """The running process a selector names (pid or tag): the agent's session, or this
-    process's cloud one; NOT_FOUND otherwise."""
+def _local_find(sandbox: Sandbox, selector: pb.ProcessSelector | None) -> E2BProcess | None:
     for process in local_processes.for_sandbox(sandbox.id):
         if _selected(process.pid, process.tag, selector):
             return process
-    for info in await _agent_running(sandbox):
-        if _selected(info.pid, (_e2b(info) or {}).get("tag"), selector):
+    return None
+
+
+def _agent_find(*, sandbox: Sandbox, selector: pb.ProcessSelector | None) -> SessionInfo:
+    """The agent's running session a selector names (pid or tag); NOT_FOUND otherwise.
+    Synchronous (an agent round trip)."""
+    for info in sandbox_sessions_list(sandbox=sandbox) or []:
+        meta = _e2b(info)
+        if info.running and meta is not None and _selected(info.pid, meta.get("tag"), selector):
             return info
     raise ConnectError(Code.NOT_FOUND, "process not found")
+
+
+def _agent_input(*, caller: Caller, sandbox: Sandbox, found: SessionInfo, payload: bytes) -> None:
+    """Input to an agent-held PTY (the terminal rule) or command (one 'exec.stdin')."""
+    if found.kind == "pty":
+        e2b_pty_input(caller=caller, sandbox=sandbox, session_id=found.id, data=payload)
+    else:
+        sandbox_exec_stream_stdin(caller=caller)
+        sandbox_session_send(sandbox=sandbox, session_id=found.id, kind="stdin", payload=payload)
+
+
+def _agent_find_and_input(
+    *, caller: Caller, sandbox: Sandbox, selector: pb.ProcessSelector | None, payload: bytes
+) -> None:
+    # One hop to the ORM thread for the lookup, the count and the send (each hop costs).
+    _agent_input(
+        caller=caller,
+        sandbox=sandbox,
+        found=_agent_find(sandbox=sandbox, selector=selector),
+        payload=payload,
+    )
+
+
+async def _find(sandbox: Sandbox, selector: pb.ProcessSelector | None) -> SessionInfo | E2BProcess:
+    """The running process a selector names (pid or tag): this process's cloud one, or the
+    agent's session; NOT_FOUND otherwise."""
+    local = _local_find(sandbox, selector)
+    if local is not None:
+        return local
+    return await call(_agent_find, sandbox=sandbox, selector=selector)
 
 
 # --- streams ----------------------------------------------------------------------------------
@@ -446,19 +481,7 @@ class ProcessService(Process):
             return
         payload: bytes = chosen.value
         if isinstance(found, SessionInfo):
-            if found.kind == "pty":
-                await call(
-                    e2b_pty_input, caller=caller, sandbox=sandbox, session_id=found.id, data=payload
-                )
-            else:
-                await call(sandbox_exec_stream_stdin, caller=caller)
-                await call(
-                    sandbox_session_send,
-                    sandbox=sandbox,
-                    session_id=found.id,
-                    kind="stdin",
-                    payload=payload,
-                )
+            await call(_agent_input, caller=caller, sandbox=sandbox, found=found, payload=payload)
         elif found.session is not None:
             # A PTY counts by the terminal rule (each Enter, at least one per window).
             found.session.write(payload)
@@ -472,8 +495,20 @@ class ProcessService(Process):
         self, request: pb.SendInputRequest, ctx: RequestContext[Any, Any]
     ) -> pb.SendInputResponse:
         caller, sandbox = await envd_caller(ctx)
-        found = await _find(sandbox, request.process)
-        await self._send(caller, sandbox, found, request.input or pb.ProcessInput())
+        data = request.input or pb.ProcessInput()
+        local = _local_find(sandbox, request.process)
+        if local is not None:
+            await self._send(caller, sandbox, local, data)
+        elif data.input is not None and data.input.value:
+            await call(
+                _agent_find_and_input,
+                caller=caller,
+                sandbox=sandbox,
+                selector=request.process,
+                payload=data.input.value,
+            )
+        else:
+            await _find(sandbox, request.process)  # NOT_FOUND for nothing sent to nothing
         return pb.SendInputResponse()
 
     async def stream_input(
