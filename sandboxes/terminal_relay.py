@@ -77,11 +77,26 @@ class AgentTerminal:
 
     def note_activity(self) -> None:
         now = time.monotonic()
-        if now - self._last_touch >= TOUCH_INTERVAL_S:
-            self._last_touch = now
-            task = asyncio.ensure_future(_touch(self.sandbox_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if now - self._last_touch < TOUCH_INTERVAL_S:
+            return
+        self._last_touch = now
+        # One touch per sandbox and interval in this process, however many of its terminals
+        # are busy: each is a database write in a thread, and 50 streaming terminals each
+        # touching their own would take the loop's GIL as often.
+        if now - _sandbox_touched.get(self.sandbox_id, -TOUCH_INTERVAL_S) < TOUCH_INTERVAL_S:
+            return
+        if len(_sandbox_touched) > 4096:
+            for sandbox_id, at in list(_sandbox_touched.items()):
+                if now - at >= TOUCH_INTERVAL_S:
+                    del _sandbox_touched[sandbox_id]
+        _sandbox_touched[self.sandbox_id] = now
+        task = asyncio.ensure_future(_touch(self.sandbox_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+_sandbox_touched: dict[str, float] = {}
+"""When this process last marked each sandbox active for its terminals (monotonic s)."""
 
 
 async def _touch(sandbox_id: str) -> None:
