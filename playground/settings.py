@@ -306,6 +306,9 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 8)
+# ... and how many it may grow to after creates found it empty (a burst), refilled at idle
+# CPU priority and back to the floor after 10 quiet minutes (~4 MiB per idle jail).
+SANDPIT_LOCAL_WARM_POOL_MAX = env_int("SANDPIT_LOCAL_WARM_POOL_MAX", 64)
 # Cold local jail starts run at most this many at once per process, the rest queue (0: no
 # limit); a start is CPU-bound, so more at once only makes all of them later.
 SANDPIT_LOCAL_CREATE_CONCURRENCY = env_int(

@@ -97,6 +97,7 @@ def _build_local() -> SandboxProvider:
     return LocalProvider(
         root_dir=settings.SANDPIT_LOCAL_ROOT,
         warm_pool=settings.SANDPIT_LOCAL_WARM_POOL,
+        warm_pool_max=settings.SANDPIT_LOCAL_WARM_POOL_MAX,
         create_concurrency=settings.SANDPIT_LOCAL_CREATE_CONCURRENCY,
         host_uid_base=settings.SANDPIT_LOCAL_UID_BASE,
         host_uid_count=settings.SANDPIT_LOCAL_UID_COUNT,

@@ -480,3 +480,63 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
         assert len(spawned) == 5
     finally:
         pool.close()
+
+
+def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]
+    # The pool's sizing alone, with stand-in jails whose start waits for a gate.
+    from sandboxes.providers.local import pool as pool_module
+    from sandboxes.providers.local.pool import WarmJail, WarmPool
+
+    gate = threading.Event()
+    count = iter(range(1_000_000))
+    destroyed: list[str] = []
+
+    def spawn() -> WarmJail:
+        assert gate.wait(10)
+        return WarmJail(jail_id=f"stand-in-{next(count)}", config_fd=-1)
+
+    pool = WarmPool(2, spawn, destroy=destroyed.append, max_size=6)
+    try:
+        assert pool.claim(lambda warm: warm) is None  # the first create fills it: no miss
+        assert pool.target() == 2
+        for _ in range(3):  # a burst finds it empty: three creates go cold
+            assert pool.claim(lambda warm: warm) is None
+        assert pool.target() == 5
+        for _ in range(3):
+            assert pool.claim(lambda warm: warm) is None
+        assert pool.target() == 6  # at most max_size
+        gate.set()
+        assert pool.wait_full(10)
+        assert pool.idle_count() == 6
+        # Quiet long enough: back to the floor, the surplus destroyed.
+        monkeypatch.setattr(pool_module, "DECAY_S", 0.0)
+        assert pool.target() == 2
+        with pool._cond:
+            pool._cond.notify_all()
+        deadline = time.monotonic() + 10
+        while pool.idle_count() > 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.idle_count() == 2
+        assert len(destroyed) == 4
+    finally:
+        pool.close()
+
+
+def test_creates_the_refill_keeps_up_with_do_not_grow_the_pool():  # type: ignore[no-untyped-def]
+    from sandboxes.providers.local.pool import WarmJail, WarmPool
+
+    count = iter(range(1_000_000))
+    pool = WarmPool(
+        2,
+        lambda: WarmJail(jail_id=f"stand-in-{next(count)}", config_fd=-1),
+        destroy=lambda jail_id: None,
+        max_size=6,
+    )
+    try:
+        pool.claim(lambda warm: warm)
+        for _ in range(10):
+            assert pool.wait_full(10)
+            assert pool.claim(lambda warm: warm) is not None
+        assert pool.target() == 2
+    finally:
+        pool.close()

@@ -67,8 +67,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
     """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
 
-    `warm_pool` is how many idle jails to keep started for `create` to claim (0: none);
-    call `close()` to destroy them before dropping a provider that has some. When Sandpit
+    `warm_pool` is how many idle jails to keep started for `create` to claim (0: none), and
+    `warm_pool_max` how many it may grow to after a burst (pool.py); call `close()` to
+    destroy them before dropping a provider that has some. When Sandpit
     runs as root, each jail runs as its own host uid from ``host_uid_base`` on
     (``host_uid_count`` of them; see identity.py).
     """
@@ -85,6 +86,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         host_uid_base: int = 1_000_000_000,
         host_uid_count: int = 65_536,
         create_concurrency: int = 0,
+        warm_pool_max: int = 0,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
@@ -114,7 +116,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._cpu_samples: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
         self._pool = (
-            WarmPool(int(warm_pool), self._spawn_warm, self.destroy) if warm_pool > 0 else None
+            WarmPool(int(warm_pool), self._spawn_warm, self.destroy, max_size=warm_pool_max)
+            if warm_pool > 0
+            else None
         )
         # Cold starts at once (0: no limit). A start is CPU-bound (bwrap, the agent's Python):
         # 100 started together all finish near the end, past CREATE_TIMEOUT_S on a loaded
