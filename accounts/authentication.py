@@ -9,14 +9,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import redis
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from .models import MANAGER_ROLES, ApiKey, Membership, Organization, User
+from . import keycache
+from .models import ApiKey, Membership, Organization
+from .principal import MachineUser, Principal
 from .selectors import current_organization_for_session, membership_get
 from .services import API_KEY_PREFIX, api_key_authenticate
+from .throttling import PerKeyRateThrottle
 from .tokens import (
     InvalidSandboxToken,
     SandboxTokenClaims,
@@ -33,45 +38,6 @@ MINTER_RECHECK_S = 3.0
 the longest a revoked key or removed member's tokens keep working in one process."""
 
 
-@dataclass
-class Principal:
-    """The caller, resolved to one organization."""
-
-    organization: Organization
-    user: User | None = None
-    api_key: ApiKey | None = None
-    token: SandboxTokenClaims | None = None
-    role: str | None = None
-    """Membership role for session callers; None for keys and tokens."""
-    extra: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def can_manage(self) -> bool:
-        return self.role in MANAGER_ROLES
-
-    def allows_sandbox(self, sandbox_id: str) -> bool:
-        return self.token is None or self.token.sandbox_id == str(sandbox_id)
-
-    def has_scope(self, scope: str) -> bool:
-        return self.token is None or scope in self.token.scopes
-
-
-class MachineUser:
-    """request.user for key/token callers: authenticated, never staff."""
-
-    is_authenticated = True
-    is_anonymous = False
-    is_staff = False
-    is_superuser = False
-
-    def __init__(self, ident: str) -> None:
-        self.pk = ident
-        self.id = ident
-
-    def __str__(self) -> str:
-        return self.pk
-
-
 def _bearer(request: Request) -> str | None:
     header = authentication.get_authorization_header(request).decode("latin-1")
     parts = header.split()
@@ -81,20 +47,79 @@ def _bearer(request: Request) -> str | None:
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
-    """`Authorization: Bearer sp_...`. Unknown, revoked or expired keys get 401."""
+    """`Authorization: Bearer sp_...`. Unknown, revoked or expired keys get 401.
+
+    A key this process has verified is confirmed in Redis instead of read from the
+    database (accounts.keycache), in the round trip that also counts the request for the
+    view's rate limit; a revocation in any process is refused on the next request."""
 
     def authenticate(self, request: Request) -> tuple[object, Principal] | None:
         secret = _bearer(request)
         if secret is None or not secret.startswith(API_KEY_PREFIX):
             return None
-        api_key = api_key_authenticate(secret)
-        if api_key is None:
-            raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
-        principal = Principal(organization=api_key.organization, api_key=api_key)
-        return MachineUser(f"key:{api_key.pk}"), principal
+        principal = _cached_key_principal(request, secret) if keycache.enabled() else None
+        if principal is None:
+            api_key = api_key_authenticate(secret)
+            if api_key is None:
+                raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
+            if keycache.enabled():
+                keycache.known_put(keycache.digest(secret), api_key, None)
+            principal = Principal(organization=api_key.organization, api_key=api_key)
+        return MachineUser(f"key:{principal.api_key.pk}"), principal  # type: ignore[union-attr]
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
+
+
+LAST_USED_EVERY = timedelta(seconds=60)
+"""How often a key's last_used_at is written (as api_key_authenticate does)."""
+
+
+def _cached_key_principal(request: Request, secret: str) -> Principal | None:
+    """The principal of a key this process knows, confirmed unchanged; None to read the
+    database (unknown here, unconfirmed, changed, or Redis unreachable). A key that changed
+    is re-read at once, and kept under the generation read before that read."""
+    found_by = keycache.digest(secret)
+    entry = keycache.known_get(found_by)
+    if entry is None:
+        return None
+    throttle = _redis_key_throttle(request)
+    keys = keycache.generation_keys(entry.prefix)
+    verdict = None
+    try:
+        if throttle is not None:
+            verdict, values = throttle.count(throttle.key_bucket(entry.id), read=keys)
+        else:
+            values = keycache.generation_values(keys)
+        seen = keycache.generation_of(values)
+    except redis.RedisError:
+        return None
+    if seen is None or seen != entry.generation:
+        api_key = api_key_authenticate(secret)
+        if api_key is None:
+            raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
+        keycache.known_put(found_by, api_key, seen)
+        return Principal(organization=api_key.organization, api_key=api_key, rate=verdict)
+    now = timezone.now()
+    if entry.expires_at is not None and entry.expires_at <= now:
+        raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
+    if entry.last_used_at is None or now - entry.last_used_at > LAST_USED_EVERY:
+        ApiKey.objects.filter(pk=entry.id).update(last_used_at=now)
+        entry = entry.with_field("last_used_at", now)
+        keycache.known_replace(found_by, entry)
+    return Principal(organization_id=entry.organization_id, api_key=entry.api_key(), rate=verdict)
+
+
+def _redis_key_throttle(request: Request) -> PerKeyRateThrottle | None:
+    """The view's per-key throttle when it counts in Redis (so the key's confirmation can
+    ride in its round trip); None otherwise."""
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    if view is None:
+        return None
+    for throttle in view.get_throttles():
+        if isinstance(throttle, PerKeyRateThrottle) and throttle.counts_in_redis():
+            return throttle
+    return None
 
 
 class TokenRefused(exceptions.APIException):

@@ -5,6 +5,9 @@ on a process-wide client: DRF's cache throttle costs two round trips, and under 
 cache handle is per request context, so it also opened a new Redis connection every request.
 The window is approximated the usual way: the previous fixed window's count, weighted by how
 much of it still overlaps the sliding window, plus the current window's count.
+The same call can read other keys: authentication confirms a cached API key there
+(accounts.keycache) and leaves the verdict on the principal, so a request that an API key
+makes costs one Redis round trip for both.
 Without Redis (the embedded default) DRF's cache-based throttle runs on the local-memory cache.
 """
 
@@ -13,29 +16,38 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
 
-from .authentication import Principal
+from .principal import Principal, RateVerdict
 
 if TYPE_CHECKING:  # rest_framework.views reads the throttle setting, i.e. this module
     from rest_framework.request import Request
     from rest_framework.views import APIView
 
-# KEYS: current window, previous window. ARGV: limit, window seconds, fraction of the current
-# window elapsed. Returns {1 if allowed (and counted) else 0, current count, previous count}.
+# KEYS: current window, previous window, then any keys to read in the same round trip (an API
+# key's generations, accounts.keycache). ARGV: limit, window seconds, fraction of the current
+# window elapsed. Returns {1 if allowed (and counted) else 0, current count, previous count,
+# then the value of each key read (nil where absent)}.
 _SLIDING_WINDOW_LUA = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
-if previous * (1 - tonumber(ARGV[3])) + current >= tonumber(ARGV[1]) then
-  return {0, current, previous}
+local allowed = 0
+if previous * (1 - tonumber(ARGV[3])) + current < tonumber(ARGV[1]) then
+  allowed = 1
+  current = current + 1
+  redis.call('INCR', KEYS[1])
+  redis.call('EXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 end
-redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
-return {1, current + 1, previous}
+local reply = {allowed, current, previous}
+for i = 3, #KEYS do
+  reply[i + 1] = redis.call('GET', KEYS[i]) or false
+end
+return reply
 """
 
 _clients: dict[str, Any] = {}
@@ -79,7 +91,7 @@ class PerKeyRateThrottle(SimpleRateThrottle):
         auth = getattr(request, "auth", None)
         if isinstance(auth, Principal):
             if auth.api_key is not None:
-                ident = f"key:{auth.api_key.pk}"
+                return self.key_bucket(auth.api_key.pk)
             elif auth.token is not None:
                 ident = f"tok:{auth.token.token_id}"
             else:
@@ -88,27 +100,47 @@ class PerKeyRateThrottle(SimpleRateThrottle):
             ident = f"ip:{self.get_ident(request)}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
-    def allow_request(self, request: Request, view: APIView) -> bool:
-        url = settings.REDIS_URL
-        if not url or self.rate is None:
-            return super().allow_request(request, view)
-        key = self.get_cache_key(request, view)
-        if key is None:
-            return True
+    def key_bucket(self, api_key_id: int) -> str:
+        """The bucket of an API key's requests."""
+        return self.cache_format % {"scope": self.scope, "ident": f"key:{api_key_id}"}
+
+    def counts_in_redis(self) -> bool:
+        """Whether allow_request counts in Redis (a rate is set and REDIS_URL is)."""
+        return bool(settings.REDIS_URL) and self.rate is not None
+
+    def count(self, bucket: str, *, read: Sequence[str] = ()) -> tuple[RateVerdict, list[Any]]:
+        """Count one request in `bucket` (in Redis; see counts_in_redis) and, in the same
+        round trip, read the values of the keys `read` (None where absent)."""
         now = time.time()
         window = self.duration
         index = math.floor(now / window)
         elapsed = (now - index * window) / window
-        prefix = f"{settings.CACHES['default'].get('KEY_PREFIX') or 'sandpit'}:{key}"
-        allowed, current, previous = _script(url)(
-            keys=[f"{prefix}:{index}", f"{prefix}:{index - 1}"],
+        prefix = f"{settings.CACHES['default'].get('KEY_PREFIX') or 'sandpit'}:{bucket}"
+        allowed, current, previous, *values = _script(settings.REDIS_URL)(
+            keys=[f"{prefix}:{index}", f"{prefix}:{index - 1}", *read],
             args=[self.num_requests, window, f"{elapsed:.6f}"],
         )
+        values += [None] * (len(read) - len(values))  # trailing nils may be left off
         if allowed:
-            return True
-        self._wait = _seconds_until_admitted(
+            return RateVerdict(bucket, True), values
+        wait = _seconds_until_admitted(
             self.num_requests, window, elapsed, int(current), int(previous)
         )
+        return RateVerdict(bucket, False, wait), values
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        if not self.counts_in_redis():
+            return super().allow_request(request, view)
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        auth = getattr(request, "auth", None)
+        verdict = auth.rate if isinstance(auth, Principal) else None
+        if verdict is None or verdict.bucket != key:
+            verdict, _ = self.count(key)
+        if verdict.allowed:
+            return True
+        self._wait = verdict.wait_s if verdict.wait_s is not None else 0.0
         return False
 
     def wait(self) -> float | None:

@@ -120,6 +120,9 @@ FUNCTION_LEVEL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("sandboxes/apps.py", "sandboxes.templates"): (
         "AppConfig.ready(), Django's place to connect signal receivers"
     ),
+    ("accounts/apps.py", "accounts.keycache"): (
+        "AppConfig.ready(), Django's place to connect signal receivers"
+    ),
     ("playground/apps.py", "playground.schema"): (
         "AppConfig.ready(), Django's place to register extensions (drf-spectacular's)"
     ),

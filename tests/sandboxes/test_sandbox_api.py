@@ -8,8 +8,12 @@ import jwt
 import pytest
 from django.conf import settings
 
+from accounts.authentication import Principal
 from accounts.models import Organization
+from common.errors import NotFound
+from sandboxes import serializers
 from sandboxes.models import Sandbox
+from sandboxes.selectors import sandbox_get_for_principal
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -359,3 +363,22 @@ def test_idempotency_key_replays_the_first_result(api_a, sandbox_a):
     assert first.status_code == second.status_code == 200
     assert first.json()["stdout"] == second.json()["stdout"]
     assert second["Idempotent-Replayed"] == "true"
+
+
+def test_the_sandbox_lookup_reads_what_the_orm_reads(api_a, api_b, sandbox_a, org_a, org_b):
+    """sandbox_get_for_principal writes its statement once (sandboxes/selectors.py): the
+    same row, field by field, as the ORM's lookup, and the same response as a new
+    serializer; another organization's id is a miss."""
+    found = sandbox_get_for_principal(
+        principal=Principal(organization_id=org_a.pk), sandbox_id=sandbox_a["id"]
+    )
+    expected = Sandbox.objects.get(pk=sandbox_a["id"], organization=org_a)
+    for field in Sandbox._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
+    assert found._state.adding is False and found._state.db == "default"
+    assert api_a.get(url(sandbox_a)).json() == serializers.SandboxOutput(expected).data
+    with pytest.raises(NotFound):
+        sandbox_get_for_principal(
+            principal=Principal(organization=org_b), sandbox_id=sandbox_a["id"]
+        )
+    assert_error(api_b.get(url(sandbox_a)), 404, "sandbox_not_found")
