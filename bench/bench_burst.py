@@ -5,10 +5,12 @@ many at once, each beside its raw floor measured in the same run.
   docker: API create -> POST /commands `node -v`   vs  `docker run --rm IMAGE node -v`
 
 Run:  .venv/bin/python bench/bench_burst.py [--provider local|docker] [--sequential 20]
-      [--burst 100] [--warm-pool N] [--processes N]
+      [--burst 100] [--bursts 1] [--warm-pool N] [--processes N]
 --warm-pool sets SANDPIT_LOCAL_WARM_POOL (per web process; default: the server's default),
 and each measure then starts once the pools are full again; --processes runs that many web
-processes on the port (SANDPIT_WEB_PROCESSES).
+processes on the port (SANDPIT_WEB_PROCESSES); --bursts N repeats the burst, each after the
+warm pools stopped refilling (a local pool grows to the bursts it saw, up to
+SANDPIT_LOCAL_WARM_POOL_MAX).
 Only the ratios travel between machines (this one's speed drifts); the hosted figures printed
 at the end are other products' published numbers, for context only.
 
@@ -196,6 +198,21 @@ async def wait_warm(root: Path | None, want: int) -> None:
     print(f"warning: warm pools not full after 120 s (wanted {want})")
 
 
+async def wait_settled(root: Path | None) -> None:
+    """Until the number of ready warm jails under `root` held still for 2 s (or 120 s)."""
+    if root is None:
+        return
+    deadline = time.monotonic() + 120
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        ready = await asyncio.to_thread(_warm_ready, root)
+        if ready != last:
+            last, since = ready, time.monotonic()
+        elif time.monotonic() - since >= 2:
+            return
+        await asyncio.sleep(0.2)
+
+
 async def measure(
     port: int, key: str, args: argparse.Namespace, meter: CpuMeter, root: Path | None = None
 ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
@@ -233,27 +250,46 @@ async def measure(
         if row is not None:
             cpu_rows.append(row)
 
-        # Many at once: the floor burst, then the product burst.
-        await wait_warm(root, want)
-        before = meter.sample()
-        floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
-        middle = meter.sample()
-        results = await asyncio.gather(
-            *(product_once(client, args.provider, created) for _ in range(args.burst)),
-            return_exceptions=True,
-        )
-        after = meter.sample()
-        errors = [r for r in results if isinstance(r, BaseException)]
-        product = [r for r in results if isinstance(r, float)]
-        await destroy_all(client, created)
-        name = f"{args.burst} at once ({len(errors)} errors)"
-        rows.append((name, *_row(product, floor)))
-        row = cpu_row(name, (middle, after), (before, middle), args.burst)
-        if row is not None:
-            cpu_rows.append(row)
-        for error in errors[:3]:
-            print("error:", error)
+        for burst in range(1, args.bursts + 1):
+            await many_at_once(client, args, meter, burst, root, want, rows, cpu_rows, created)
     return rows, cpu_rows
+
+
+async def many_at_once(
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    meter: CpuMeter,
+    burst: int,
+    root: Path | None,
+    want: int,
+    rows: list[tuple[str, ...]],
+    cpu_rows: list[tuple[str, ...]],
+    created: list[str],
+) -> None:
+    """The floor burst, then the product burst (after the first, once the pools stopped
+    growing: the pool sizes itself to the bursts it saw, pool.py)."""
+    await wait_warm(root, want)
+    if burst > 1:
+        await wait_settled(root)
+    before = meter.sample()
+    floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
+    middle = meter.sample()
+    results = await asyncio.gather(
+        *(product_once(client, args.provider, created) for _ in range(args.burst)),
+        return_exceptions=True,
+    )
+    after = meter.sample()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    product = [r for r in results if isinstance(r, float)]
+    await destroy_all(client, created)
+    name = f"{args.burst} at once{f' #{burst}' if args.bursts > 1 else ''}"
+    name += f" ({len(errors)} errors)"
+    rows.append((name, *_row(product, floor)))
+    row = cpu_row(name, (middle, after), (before, middle), args.burst)
+    if row is not None:
+        cpu_rows.append(row)
+    for error in errors[:3]:
+        print("error:", error)
 
 
 def _row(product: list[float], floor: list[float]) -> tuple[str, ...]:
@@ -271,6 +307,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--warm-pool", type=int, default=None)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--bursts", type=int, default=1)
     args = parser.parse_args()
     extra = {
         "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
@@ -278,14 +315,16 @@ def main() -> None:
         "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
     }
     root = None
-    if args.warm_pool is not None:
+    if args.warm_pool is not None or args.bursts > 1:
         # A jail root of its own, passable by jail uids, to see when the pools are full.
         base = Path(tempfile.gettempdir()) / "sandpit-bench-jails"
         base.mkdir(exist_ok=True)
         os.chmod(base, 0o711)  # noqa: S103
         root = Path(tempfile.mkdtemp(prefix="burst-", dir=base))
         os.chmod(root, 0o711)  # noqa: S103
-        extra |= {"SANDPIT_LOCAL_WARM_POOL": str(args.warm_pool), "SANDPIT_LOCAL_ROOT": str(root)}
+        extra["SANDPIT_LOCAL_ROOT"] = str(root)
+        if args.warm_pool is not None:
+            extra["SANDPIT_LOCAL_WARM_POOL"] = str(args.warm_pool)
     env = bench_env(extra)
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-burst")
