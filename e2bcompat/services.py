@@ -49,11 +49,11 @@ def e2b_pty_input(*, caller: Caller, sandbox: Sandbox, session_id: str, data: by
     sandbox_session_send(sandbox=sandbox, session_id=session_id, kind="stdin", payload=data)
     enters = count_enters(data)
     key = f"e2b:pty-window:{session_id}:{int(time.time() // METER_WINDOW_S)}"
-    first = cache.add(key, 0, timeout=int(METER_WINDOW_S * 2))
-    try:
-        after = cache.incr(key, enters)
-    except ValueError:  # expired in between: this input opens the window again
-        first, after = True, enters
+    try:  # one round trip but for the window's first input
+        after, first = cache.incr(key, enters), False
+    except ValueError:  # the window's first input (unless another process just made it)
+        first = cache.add(key, enters, timeout=int(METER_WINDOW_S * 2))
+        after = enters if first else cache.incr(key, enters)
     before = after - enters
     due = max(1, after) - (0 if first else max(1, before))
     for _ in range(due):
