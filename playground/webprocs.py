@@ -10,11 +10,13 @@ single shared socket would wake every process for every connection). All bind er
 
 When one process exits, the supervisor stops the others and exits with its status: the
 service manager (``make run``, the container) restarts everything or reports the failure.
+A supervisor killed outright takes its servers along (PR_SET_PDEATHSIG).
 
 Each process keeps its own database pool, warm pool of jails and request threads; nothing
 a request or socket needs is kept in one process's memory any more where the sandbox runs
 Sandpit's agent (local, docker): terminals, streamed runs, watches and the E2B layer's
-processes live in the agent, port and process signals are polled by each process that
+processes and polled watchers live in the agent, port and process signals are polled by
+each process that
 has a socket listening, status events go through the channel layer, rate limits and
 billing counters through the cache. So with Redis (channel layer and cache shared) any
 number of processes is safe, and the default (``auto``) is one per core.
