@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -337,6 +338,8 @@ def main() -> None:
             rows, cpu_rows = asyncio.run(measure(port, key, args, meter, root))
     finally:
         meter.remove()
+        if root is not None:  # the server destroyed its jails; their directories may stay
+            shutil.rmtree(root, ignore_errors=True)
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
     pool = "server default" if args.warm_pool is None else str(args.warm_pool)
     print(
