@@ -69,15 +69,24 @@ def create_org_and_key(env: dict[str, str], slug: str = "bench") -> str:
 
 
 @contextmanager
-def daphne(env: dict[str, str], app: str = "playground.asgi:application", processes: int = 1):
+def daphne(
+    env: dict[str, str],
+    app: str = "playground.asgi:application",
+    processes: int = 1,
+    root: Path = ROOT,
+):
     """A server on a free port. `app` may name a module under bench/ (e.g. the bench's
     own `_bench_asgi:application`, which adds a bare endpoint to the product's). With
     `processes` > 1, the product's launcher runs that many on the port
-    (playground/webprocs.py)."""
+    (playground/webprocs.py). `root` serves another checkout of the project (e.g. a git
+    worktree of an earlier commit) with this interpreter, for before/after in one run."""
     port = free_port()
     env = {
         **env,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), env.get("PYTHONPATH")])),
+        # The checkout first: the project is also installed (editable) from this one.
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(root / "bench"), str(root), env.get("PYTHONPATH")])
+        ),
     }
     server = [str(Path(PY).parent / "daphne")]
     if processes > 1:
@@ -91,13 +100,13 @@ def daphne(env: dict[str, str], app: str = "playground.asgi:application", proces
             str(port),
             app,
         ],
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # a loaded 2-core machine starts daphne slowly
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 break

@@ -3,9 +3,16 @@ endpoint served by the same stack (daphne, Django's ASGI handler, the same middl
 the same run: what authentication, the ORM, DRF and rendering cost on top of serving HTTP.
 
 Run:  .venv/bin/python bench/bench_api_read.py [--runs 400] [--clients 1,10]
+                                               [--stock-middleware] [--compare-checkout DIR]
 With `--clients N`, N keep-alive connections ask at once (each a thread), hello and read
 rounds interleaved so a drifting machine moves both alike. Issue 18's target: read p50 at
 most 2x hello's. The hello endpoint lives only in the bench's server (bench/_bench_asgi.py).
+
+More servers can be measured in the same run, their rounds interleaved with the product's:
+`--stock-middleware` serves the same code with Django's stock middleware in place of the
+inline subclasses of playground/middleware.py (bench/_bench_settings_stock.py), which shows
+what the thread hops of stock middleware under ASGI cost; `--compare-checkout DIR` serves
+another checkout (e.g. `git worktree add /tmp/before <commit>`) for before/after figures.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ import argparse
 import statistics
 import threading
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from _server import Api, bench_env, create_org_and_key, daphne, ensure_database, percentile
+from _server import ROOT, Api, bench_env, create_org_and_key, daphne, ensure_database, percentile
 
 
 def timed_calls(port: int, key: str, path: str, clients: int, runs: int) -> list[float]:
@@ -46,42 +56,82 @@ def timed_calls(port: int, key: str, path: str, clients: int, runs: int) -> list
     return samples
 
 
+@dataclass
+class Served:
+    """One server of the run and what it measured."""
+
+    label: str
+    port: int = 0
+    read: str = ""
+    hello: dict[int, list[float]] = field(default_factory=dict)
+    reads: dict[int, list[float]] = field(default_factory=dict)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--clients", default="1,10")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per measure")
+    parser.add_argument(
+        "--stock-middleware",
+        action="store_true",
+        help="also serve with Django's stock middleware (same code, same run)",
+    )
+    parser.add_argument(
+        "--compare-checkout",
+        type=Path,
+        help="also serve this checkout of the project (before/after in the same run)",
+    )
     args = parser.parse_args()
     # No warm pool: its refill would compete with the reads (nothing here needs a warm jail).
     env = bench_env({"SANDPIT_LOCAL_WARM_POOL": "0"})
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-read")
-    with daphne(env, app="_bench_asgi:application") as port:
-        api = Api(port, key)
-        status, body = api.call("POST", "/api/v1/sandboxes", {"provider": "local"})
-        if status != 201 or not isinstance(body, dict):
-            raise SystemExit(f"create: {status} {body!r}")
-        read = f"/api/v1/sandboxes/{body['id']}"
-        try:
-            timed_calls(port, key, "/bench/hello", 1, 50)  # warm-up
-            timed_calls(port, key, read, 1, 50)
-            print("\nGET, ms per request (same server, same run)")
-            print("clients | hello p50 | hello p95 | read p50 | read p95 | p50 ratio")
-            for clients in [int(n) for n in args.clients.split(",") if n]:
-                hello: list[float] = []
-                reads: list[float] = []
-                per_round = max(1, args.runs // args.rounds)
-                for _ in range(args.rounds):
-                    hello += timed_calls(port, key, "/bench/hello", clients, per_round)
-                    reads += timed_calls(port, key, read, clients, per_round)
-                h50, r50 = statistics.median(hello), statistics.median(reads)
-                print(
-                    f"{clients} | {h50:.2f} | {percentile(hello, 95):.2f} | {r50:.2f} | "
-                    f"{percentile(reads, 95):.2f} | {r50 / h50:.2f}x"
-                )
-        finally:
-            api.call("DELETE", read)
-    print("\nTarget (issue 18): read p50 <= 2x hello p50.")
+    setups: list[tuple[str, dict[str, str], Path]] = [("this checkout", env, ROOT)]
+    if args.stock_middleware:
+        stock = {**env, "DJANGO_SETTINGS_MODULE": "_bench_settings_stock"}
+        setups.append(("stock middleware", stock, ROOT))
+    if args.compare_checkout:
+        setups.append((f"checkout {args.compare_checkout}", env, args.compare_checkout.resolve()))
+    clients = [int(n) for n in args.clients.split(",") if n]
+    per_round = max(1, args.runs // args.rounds)
+    with ExitStack() as stack:
+        served = []
+        for label, server_env, root in setups:
+            one = Served(label)
+            one.port = stack.enter_context(
+                daphne(server_env, app="_bench_asgi:application", root=root)
+            )
+            api = Api(one.port, key)
+            status, body = api.call("POST", "/api/v1/sandboxes", {"provider": "local"})
+            if status != 201 or not isinstance(body, dict):
+                raise SystemExit(f"{label}: create: {status} {body!r}")
+            one.read = f"/api/v1/sandboxes/{body['id']}"
+            # Destroyed while its server still runs (callbacks run before the servers stop).
+            stack.callback(lambda port=one.port, read=one.read: Api(port, key).call("DELETE", read))
+            timed_calls(one.port, key, "/bench/hello", 1, 50)  # warm-up
+            timed_calls(one.port, key, one.read, 1, 50)
+            served.append(one)
+        for n in clients:
+            for _ in range(args.rounds):
+                for one in served:
+                    one.hello.setdefault(n, []).extend(
+                        timed_calls(one.port, key, "/bench/hello", n, per_round)
+                    )
+                    one.reads.setdefault(n, []).extend(
+                        timed_calls(one.port, key, one.read, n, per_round)
+                    )
+    print("\nGET, ms per request (rounds of every server interleaved, same run)")
+    print("server | clients | hello p50 | hello p95 | read p50 | read p95 | p50 ratio")
+    for n in clients:
+        for one in served:
+            hello, reads = one.hello[n], one.reads[n]
+            h50, r50 = statistics.median(hello), statistics.median(reads)
+            print(
+                f"{one.label} | {n} | {h50:.2f} | {percentile(hello, 95):.2f} | {r50:.2f} | "
+                f"{percentile(reads, 95):.2f} | {r50 / h50:.2f}x"
+            )
+    print("\nTarget (issue 18): read p50 <= 2x hello p50 (each server's own hello).")
 
 
 if __name__ == "__main__":
