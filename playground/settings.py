@@ -148,6 +148,10 @@ TEMPLATES = [
 VAR_DIR = Path(env_str("SANDPIT_VAR_DIR", str(BASE_DIR / "var")))
 
 # --- Database -----------------------------------------------------------------
+# Set by the web supervisor in each of its N servers (playground/webprocs.py): the
+# connection pool's default is a share of 40 per machine past 2 processes (at least 5
+# each), so one server per core stays under PostgreSQL's default max_connections (100).
+SANDPIT_WEB_PROCESS_COUNT = max(1, env_int("SANDPIT_WEB_PROCESS_COUNT", 1))
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     # Under ASGI every request runs its sync code on a fresh thread, so Django's persistent
@@ -159,7 +163,9 @@ if DATABASE_URL:
     ):
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": env_int("DJANGO_DB_POOL_MIN", 1),
-            "max_size": env_int("DJANGO_DB_POOL_MAX", 20),
+            "max_size": env_int(
+                "DJANGO_DB_POOL_MAX", min(20, max(5, 40 // SANDPIT_WEB_PROCESS_COUNT))
+            ),
             "timeout": env_int("DJANGO_DB_POOL_TIMEOUT_S", 10),
         }
 else:

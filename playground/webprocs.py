@@ -184,6 +184,7 @@ def serve(processes: int, host: str, port: int, args: Sequence[str]) -> int:
             children.append(
                 subprocess.Popen(
                     argv,
+                    env={**os.environ, "SANDPIT_WEB_PROCESS_COUNT": str(processes)},
                     pass_fds=(sock.fileno(),),
                     preexec_fn=functools.partial(_die_with_supervisor, os.getpid()),  # noqa: PLW1509 - no threads here yet
                 )

@@ -132,6 +132,32 @@ def test_both_processes_answer_and_connections_spread(two_processes) -> None:  #
     assert set(served) == set(pids), served
 
 
+def test_each_server_knows_how_many_share_the_machine(two_processes) -> None:  # type: ignore[no-untyped-def]
+    _, _, pids = two_processes
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"SANDPIT_WEB_PROCESS_COUNT=2" in environ
+
+
+@pytest.mark.parametrize(("count", "pool_max"), [(1, 20), (2, 20), (4, 10), (16, 5)])
+def test_the_database_pool_default_is_a_share_of_the_machines(env, count, pool_max) -> None:  # type: ignore[no-untyped-def]
+    child = {k: v for k, v in env.items() if k != "DJANGO_DB_POOL_MAX"}
+    child.update(
+        SANDPIT_WEB_PROCESS_COUNT=str(count),
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/unused",
+    )
+    code = "from django.conf import settings as s; print(s.DATABASES['default']['OPTIONS']['pool']['max_size'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=child,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(out.stdout) == pool_max
+
+
 def test_they_stop_together(two_processes) -> None:  # type: ignore[no-untyped-def]
     """Last of the tests sharing the servers: it stops them."""
     proc, port, pids = two_processes
