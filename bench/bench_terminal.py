@@ -4,17 +4,26 @@ Compares, in one run on this machine:
   * a raw local PTY (pty.fork + write/read) - the floor;
   * Sandpit: WebSocket -> daphne -> TerminalConsumer -> the sandbox agent's PTY (local, and
     docker with --docker), the path a browser uses;
-  * Jupyter Server's terminals (terminado's JSON ["stdin", ...] protocol over its WebSocket).
+  * Jupyter Server's terminals (terminado's JSON ["stdin", ...] protocol over its WebSocket);
+  * floors for each part of Sandpit's path: the agent hop alone (this process typing into a
+    Sandpit terminal through the link a web process uses, no WebSocket), and WebSocket
+    servers with no terminal - bare autobahn on Twisted's asyncio reactor (what daphne
+    serves WebSockets with), daphne with a bare ASGI echo app, tornado (what Jupyter uses) -
+    and daphne bridging a PTY it holds itself (its floor for a terminal, output too).
 
 Echo is measured side by side: every system's blocks of round trips alternate, so a noisy
-machine weighs on all alike; throughput alternates too (median of 3). With --load N, N
-Sandpit and N Jupyter terminals stream output at once (each ~20 KB/s, read by client
-processes of their own) while one more of each measures echo, side by side.
+machine weighs on all alike; throughput alternates too (median of 3). Each server's CPU per
+round trip (its own threads, and its children: agents and shells) is read from schedstat;
+on a shared machine it is steadier than latency. With --load N, N Sandpit and N Jupyter
+terminals stream output at once (each ~20 KB/s, read by client processes of their own)
+while one more of each measures echo, side by side; the CPU each server spent per MB
+streamed is reported with it.
 
 Run:  .venv/bin/python bench/bench_terminal.py [--rounds 500] [--mb 50] [--idle 100] [--docker]
                                               [--load 50] [--opens 10]
 It uses a throwaway SQLite database and var directory (no Redis: in-memory channel layer),
-starts daphne and jupyter_server on free loopback ports and stops them at the end.
+starts Sandpit's web server (python -m playground.webserver), jupyter_server and the floor
+servers on free loopback ports and stops them at the end.
 """
 
 from __future__ import annotations
@@ -33,11 +42,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from sandboxes.agent_sessions import SessionLink, session_attach, session_list  # noqa: E402
+
 BIN = Path(sys.executable).parent
 ECHO_CMD = "stty -echoctl; cat > /dev/null\r"
 LOAD_CMD = "while :; do printf '%02000d\\n' 0; read -rst 0.1 _; done\r"
@@ -60,6 +73,42 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
         "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
         "mean_ms": round(statistics.fmean(ordered), 3),
     }
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` so far, in ns (schedstat: no clock-tick rounding)."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under `pid` (for a server: its sandboxes' agents and shells)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _tree_cpu_ns(pid: int) -> tuple[int, int]:
+    """(the process's own CPU, its descendants' CPU), in ns."""
+    return cpu_ns(pid), sum(cpu_ns(child) for child in descendants(pid))
 
 
 # --- raw PTY floor ------------------------------------------------------------------------------
@@ -132,7 +181,9 @@ class Sandpit:
         self.log = open(self.workdir / "daphne.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
-                str(BIN / "daphne"),
+                sys.executable,
+                "-m",
+                "playground.webserver",  # what `make run` serves with: daphne + body ceiling
                 "-b",
                 "127.0.0.1",
                 "-p",
@@ -204,8 +255,12 @@ async def _drain_until(
 
 
 async def sandpit_throughput(sp: Sandpit, path: str, total: int) -> float:
-    ws = await sp.connect(path)
-    await _drain_until(ws, b"$ ")
+    return await ws_throughput(await sp.connect(path), total)
+
+
+async def ws_throughput(ws: websockets.ClientConnection, total: int) -> float:
+    """MB/s of `yes | head -c total` through a terminal socket of raw bytes both ways."""
+    await _drain_any(ws, PROMPTS)
     await ws.send(f"yes | head -c {total}; echo; echo END-$((2+3))\r".encode())
     await _drain_until(ws, b"\n")  # the echoed command line
     received = 0
@@ -460,10 +515,25 @@ class Echoer:
     weighs on all of them alike."""
 
     name = ""
+    server_pid: int | None = None
+    """The serving process, whose CPU (and its children's) per round trip is reported."""
 
     def __init__(self) -> None:
         self.samples: list[float] = []
         self.sent = 0
+        self.cpu = [0, 0]  # ns: the server's own threads, its descendants
+
+    def cpu_now(self) -> tuple[int, int]:
+        if self.server_pid is None:
+            return 0, 0
+        return cpu_ns(self.server_pid), sum(cpu_ns(p) for p in descendants(self.server_pid))
+
+    def result(self) -> dict[str, float]:
+        out = percentiles(self.samples)
+        if self.server_pid is not None and self.samples:
+            out["server_cpu_us"] = round(self.cpu[0] / len(self.samples) / 1000, 1)
+            out["children_cpu_us"] = round(self.cpu[1] / len(self.samples) / 1000, 1)
+        return out
 
     async def prepare(self) -> None: ...
 
@@ -474,6 +544,7 @@ class Echoer:
     async def close(self) -> None: ...
 
     async def block(self, rounds: int) -> None:
+        before = self.cpu_now()
         for _ in range(rounds):
             start = time.perf_counter()
             await self.roundtrip()
@@ -481,6 +552,9 @@ class Echoer:
             self.sent += 1
             if self.sent % 200 == 0:
                 await self.newline()
+        after = self.cpu_now()
+        self.cpu[0] += after[0] - before[0]
+        self.cpu[1] += after[1] - before[1]
 
 
 class RawEcho(Echoer):
@@ -510,9 +584,11 @@ class RawEcho(Echoer):
 
 
 class SandpitEcho(Echoer):
-    def __init__(self, sp: Sandpit, path: str, name: str) -> None:
+    def __init__(self, sp: Sandpit, path: str, name: str, cpu: bool = True) -> None:
         super().__init__()
         self.sp, self.path, self.name = sp, path, name
+        if cpu and sp.proc is not None:
+            self.server_pid = sp.proc.pid
 
     async def prepare(self) -> None:
         self.ws = await self.sp.connect(self.path)
@@ -544,9 +620,11 @@ class SandpitEcho(Echoer):
 class JupyterEcho(Echoer):
     name = "jupyter"
 
-    def __init__(self, jp: Jupyter, name: str = "jupyter") -> None:
+    def __init__(self, jp: Jupyter, name: str = "jupyter", cpu: bool = True) -> None:
         super().__init__()
         self.jp, self.name = jp, name
+        if cpu:
+            self.server_pid = jp.proc.pid
 
     async def prepare(self) -> None:
         self.ws = await self.jp.connect(self.jp.terminal())
@@ -586,7 +664,270 @@ async def interleaved(echoers: list[Echoer], rounds: int, blocks: int = 20) -> d
     finally:
         for echoer in echoers:
             await echoer.close()
-    return {e.name: percentiles(e.samples) for e in echoers}
+    return {e.name: e.result() for e in echoers}
+
+
+# --- floors for the WebSocket servers themselves -----------------------------------------------
+# The same client, the same one-byte binary round trip, no terminal: what the server stack
+# alone costs. autobahn on Twisted's asyncio reactor is what daphne serves WebSockets with;
+# daphne adds its ASGI queue and a task per socket; tornado is what Jupyter Server uses.
+
+
+async def floor_echo_asgi(scope: dict, receive: Any, send: Any) -> None:
+    """A bare ASGI app for daphne: /echo echoes frames; /pty bridges a PTY in the process
+    (write the keystroke, read with loop.add_reader): daphne's floor for a terminal."""
+    if scope["type"] != "websocket":
+        return
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    if scope["path"] == "/pty":
+        await _floor_pty(receive, send)
+        return
+    while True:
+        message = await receive()
+        if message["type"] != "websocket.receive":
+            return
+        await send({"type": "websocket.send", "bytes": message.get("bytes")})
+
+
+async def _floor_pty(receive: Any, send: Any) -> None:
+    loop = asyncio.get_running_loop()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvp("sh", ["sh"])
+    os.set_blocking(fd, False)
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def readable() -> None:
+        try:
+            queue.put_nowait(os.read(fd, 65536))
+        except OSError:
+            loop.remove_reader(fd)
+
+    async def pump() -> None:
+        while True:
+            await send({"type": "websocket.send", "bytes": await queue.get()})
+
+    loop.add_reader(fd, readable)
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                return
+            os.write(fd, message.get("bytes") or b"")
+    finally:
+        task.cancel()
+        loop.remove_reader(fd)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)  # noqa: ASYNC222 - killed: returns at once
+        os.close(fd)
+
+
+def serve_floor(kind: str, port: int) -> None:
+    """(In its own process.) A bare echo WebSocket server: 'autobahn' or 'tornado'."""
+    if kind == "autobahn":
+        from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+        from twisted.internet import asyncioreactor
+
+        asyncioreactor.install(asyncio.new_event_loop())
+        from twisted.internet import reactor
+
+        class Echo(WebSocketServerProtocol):  # type: ignore[misc]
+            def onMessage(self, payload: bytes, is_binary: bool) -> None:  # noqa: N802
+                self.sendMessage(payload, is_binary)
+
+        factory = WebSocketServerFactory()
+        factory.protocol = Echo
+        factory.setProtocolOptions(allowNullOrigin=True)  # as daphne sets them
+        reactor.listenTCP(port, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+        print("READY", flush=True)
+        reactor.run()  # type: ignore[attr-defined]
+    elif kind == "tornado":
+        import tornado.ioloop
+        import tornado.web
+        import tornado.websocket
+
+        class Handler(tornado.websocket.WebSocketHandler):
+            def on_message(self, message: str | bytes) -> None:
+                self.write_message(message, binary=isinstance(message, bytes))
+
+        async def run() -> None:
+            tornado.web.Application([(r"/echo", Handler)]).listen(port, "127.0.0.1")
+            print("READY", flush=True)
+            await asyncio.Event().wait()
+
+        asyncio.run(run())
+
+
+class Floors:
+    """The floor servers: bare autobahn, tornado, and daphne serving a bare ASGI app."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.ports = {kind: free_port() for kind in ("autobahn", "tornado", "daphne")}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for kind in ("autobahn", "tornado"):
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--floor-server", kind, str(self.ports[kind])],
+                stdout=subprocess.PIPE,
+            )
+            self.procs.append(proc)
+            assert proc.stdout is not None
+            if b"READY" not in proc.stdout.readline():
+                raise RuntimeError(f"{kind} floor did not start")
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "daphne"),
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.ports["daphne"]),
+                    "bench_terminal:floor_echo_asgi",
+                ],
+                cwd=Path(__file__).parent,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.ports["daphne"])) == 0:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("daphne floor did not start")
+
+    def url(self, kind: str, path: str = "/echo") -> str:
+        return f"ws://127.0.0.1:{self.ports[kind]}{path}"
+
+    def echoers(self) -> list[Echoer]:
+        pids = dict(
+            zip(("autobahn", "tornado", "daphne"), (p.pid for p in self.procs), strict=True)
+        )
+        return [
+            FloorEcho(self.url("autobahn"), "floor_autobahn", pids["autobahn"]),
+            FloorEcho(self.url("daphne"), "floor_daphne_asgi", pids["daphne"]),
+            FloorEcho(self.url("daphne", "/pty"), "floor_daphne_pty", pids["daphne"], True),
+            FloorEcho(self.url("tornado"), "floor_tornado", pids["tornado"]),
+        ]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+class _Jails:
+    """The bench's local jails' agents, reached by their socket paths (no Django here)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def agent_socket(self, provider_id: str) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(str(self.root / provider_id / "run" / "agent.sock"))
+        return sock
+
+    def attach(self, terminal_id: str) -> SessionLink:
+        for run_dir in self.root.glob("*/run"):
+            provider_id = run_dir.parent.name
+            try:
+                sessions = session_list(self, provider_id, "pty")
+            except Exception:  # noqa: BLE001, S112 - a jail starting or gone
+                continue
+            if any(s.id == terminal_id for s in sessions):
+                return session_attach(self, provider_id, terminal_id)
+        raise RuntimeError(f"no jail holds {terminal_id}")
+
+
+class AgentHopEcho(Echoer):
+    """A Sandpit terminal typed into from this process through the agent link a web process
+    uses (keystrokes to the PTY master passed by SCM_RIGHTS, echo back in the agent's
+    frames), with no WebSocket and no daphne: the floor of the sandbox side of the path."""
+
+    name = "floor_agent_hop"
+
+    def __init__(self, sp: Sandpit, ws_path: str) -> None:
+        super().__init__()
+        self.jails = _Jails(sp.workdir / "sandboxes")
+        self.terminal_id = ws_path.rstrip("/").rsplit("/", 1)[-1]
+        self.got = b""
+        self.want = b""
+        self.arrived: asyncio.Future[None] | None = None
+
+    def _output(self, _kind: bytes, data: bytes) -> None:
+        self.got += data
+        if self.want in self.got and self.arrived is not None and not self.arrived.done():
+            self.arrived.set_result(None)
+
+    async def _until(self, marker: bytes, send: bytes = b"") -> None:
+        self.got, self.want = b"", marker
+        self.arrived = asyncio.get_running_loop().create_future()
+        if send:
+            self.link.write(send)
+        await asyncio.wait_for(self.arrived, 10)
+
+    async def prepare(self) -> None:
+        self.link = self.jails.attach(self.terminal_id)
+        self.got, self.want = b"", b"$ "
+        self.arrived = asyncio.get_running_loop().create_future()
+        self.link.start(self._output, lambda _result: None)
+        await asyncio.wait_for(self.arrived, 10)
+        await self._until(b"stty", ECHO_CMD.encode())
+        await asyncio.sleep(0.3)
+        for _ in range(20):
+            await self.roundtrip()
+
+    async def roundtrip(self) -> None:
+        await self._until(b"x", b"x")
+
+    async def newline(self) -> None:
+        await self._until(b"\n", b"\r")
+
+    async def close(self) -> None:
+        self.link.write(b"\x03")
+        self.link.close()
+
+
+class FloorEcho(Echoer):
+    """One-byte binary round trips to a floor server (echo, or daphne's in-process PTY)."""
+
+    def __init__(self, url: str, name: str, pid: int, terminal: bool = False) -> None:
+        super().__init__()
+        self.url, self.name, self.terminal = url, name, terminal
+        self.server_pid = pid
+
+    async def prepare(self) -> None:
+        self.ws = await websockets.connect(self.url, max_size=None, compression=None)
+        if self.terminal:  # as SandpitEcho does
+            await _drain_any(self.ws, PROMPTS)
+            await self.ws.send(ECHO_CMD.encode())
+            await _drain_until(self.ws, b"stty")
+            await asyncio.sleep(0.3)
+        for _ in range(20):
+            await self.roundtrip()
+
+    async def roundtrip(self) -> None:
+        await self.ws.send(b"x")
+        got = b""
+        while b"x" not in got:
+            frame = await self.ws.recv()
+            if isinstance(frame, bytes):
+                got += frame
+
+    async def newline(self) -> None:
+        if self.terminal:
+            await self.ws.send(b"\r")
+            await asyncio.sleep(0.01)
+            await _drain_until(self.ws, b"\n")
+
+    async def close(self) -> None:
+        await self.ws.close()
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -600,10 +941,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     providers = "local,docker" if args.docker else "local"
     sp = Sandpit(workdir, providers)
     jp = Jupyter(workdir)
+    floors = Floors(workdir)
     try:
-        print("starting sandpit (daphne) and jupyter_server ...", flush=True)
+        print("starting sandpit (daphne), jupyter_server and the floor servers ...", flush=True)
         sp.setup()
         jp.start()
+        floors.start()
         sandbox_id = sp.sandbox()
         docker_id = sp.sandbox("docker") if args.docker else None
 
@@ -615,6 +958,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         ]
         if docker_id:
             echoers.insert(2, SandpitEcho(sp, sp.terminal(docker_id), "sandpit_docker"))
+        echoers += [AgentHopEcho(sp, sp.terminal(sandbox_id)), *floors.echoers()]
         results["echo"] = await interleaved(echoers, args.rounds)
 
         print("output throughput, alternating, median of 3 ...", flush=True)
@@ -629,6 +973,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     await sandpit_throughput(sp, sp.terminal(docker_id), total)
                 )
             runs.setdefault("jupyter", []).append(await jupyter_throughput(jp, total))
+            floor_ws = await websockets.connect(
+                floors.url("daphne", "/pty"), max_size=None, compression=None
+            )
+            runs.setdefault("floor_daphne_pty", []).append(await ws_throughput(floor_ws, total))
         results["output_mb_s"] = {k: round(statistics.median(v), 1) for k, v in runs.items()}
         results["output_runs_mb_s"] = {k: [round(x, 1) for x in v] for k, v in runs.items()}
 
@@ -650,6 +998,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             results["echo_under_load"] = await echo_under_load(sp, jp, args.load, args.rounds)
 
         jp.stop()
+        floors.stop()
         print(f"{args.idle} idle terminals ...", flush=True)
         results["idle"] = await sandpit_idle(sp, args.idle, "local")
         echo = results["echo"]
@@ -671,10 +1020,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for handle in sp.http.get("/api/v1/sandboxes").json().get("results", []) if sp.key else []:
             sp.http.delete(f"/api/v1/sandboxes/{handle['id']}")
         sp.stop()
-        try:
-            jp.stop()
-        except Exception:  # noqa: BLE001, S110 - already stopped
-            pass
+        for server in (jp, floors):
+            try:
+                server.stop()
+            except Exception:  # noqa: BLE001, S110 - already stopped
+                pass
         shutil.rmtree(workdir, ignore_errors=True)
     return results
 
@@ -686,6 +1036,9 @@ async def echo_under_load(sp: Sandpit, jp: Jupyter, load: int, rounds: int) -> d
     sandboxes = [sp.sandbox("local") for _ in range((load + per_sandbox - 1) // per_sandbox)]
     paths = [sp.terminal(sandboxes[i // per_sandbox]) for i in range(load)]
     names = [jp.terminal() for _ in range(load)]
+    assert sp.proc is not None
+    servers = {"sandpit": sp.proc.pid, "jupyter": jp.proc.pid}
+    cpu_before = {name: _tree_cpu_ns(pid) for name, pid in servers.items()}
     sandpit_load = await start_load(
         {
             "kind": "sandpit",
@@ -702,15 +1055,29 @@ async def echo_under_load(sp: Sandpit, jp: Jupyter, load: int, rounds: int) -> d
             ],
         }
     )
+    result: dict[str, object] = {}
     try:
         result = await interleaved(
-            [SandpitEcho(sp, sp.terminal(sandboxes[0]), "sandpit_local"), JupyterEcho(jp)],
+            [
+                SandpitEcho(sp, sp.terminal(sandboxes[0]), "sandpit_local", cpu=False),
+                JupyterEcho(jp, cpu=False),
+            ],
             rounds,
         )
     finally:
-        result["load_received"] = {
-            "sandpit": await stop_load(sandpit_load),
-            "jupyter": await stop_load(jupyter_load),
+        received = {
+            "sandpit": json.loads(await stop_load(sandpit_load))["received_mb"],
+            "jupyter": json.loads(await stop_load(jupyter_load))["received_mb"],
+        }
+        result["load_received_mb"] = received
+        # What serving the streams cost each server (and its children: agents, shells) per
+        # MB its load client received: the per-chunk cost that delays the 51st's echo.
+        result["load_cpu_ms_per_mb"] = {
+            name: [
+                round((after - start) / 1e6 / max(received[name], 0.1), 1)
+                for start, after in zip(cpu_before[name], _tree_cpu_ns(pid), strict=True)
+            ]
+            for name, pid in servers.items()
         }
         for sandbox_id in sandboxes:
             sp.http.delete(f"/api/v1/sandboxes/{sandbox_id}")
@@ -728,7 +1095,11 @@ if __name__ == "__main__":
     parser.add_argument("--load", type=int, default=50)
     parser.add_argument("--opens", type=int, default=10)
     parser.add_argument("--load-client", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-server", nargs=2, help=argparse.SUPPRESS)
     parsed = parser.parse_args()
+    if parsed.floor_server:
+        serve_floor(parsed.floor_server[0], int(parsed.floor_server[1]))
+        sys.exit(0)
     if parsed.load_client:
         asyncio.run(_load_client(json.loads(parsed.load_client)))
         sys.exit(0)
