@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -781,14 +782,19 @@ class Floors:
         self.procs.append(
             subprocess.Popen(
                 [
-                    str(BIN / "daphne"),
+                    sys.executable,
+                    "-m",
+                    "playground.webserver",  # daphne as Sandpit runs it (its event loop)
+                    "--processes",
+                    "1",
                     "-b",
                     "127.0.0.1",
                     "-p",
                     str(self.ports["daphne"]),
                     "bench_terminal:floor_echo_asgi",
                 ],
-                cwd=Path(__file__).parent,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": f"{ROOT}:{Path(__file__).parent}"},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -804,10 +810,11 @@ class Floors:
     def url(self, kind: str, path: str = "/echo") -> str:
         return f"ws://127.0.0.1:{self.ports[kind]}{path}"
 
+    def pid(self, kind: str) -> int:
+        return self.procs[("autobahn", "tornado", "daphne").index(kind)].pid
+
     def echoers(self) -> list[Echoer]:
-        pids = dict(
-            zip(("autobahn", "tornado", "daphne"), (p.pid for p in self.procs), strict=True)
-        )
+        pids = {kind: self.pid(kind) for kind in ("autobahn", "tornado", "daphne")}
         return [
             FloorEcho(self.url("autobahn"), "floor_autobahn", pids["autobahn"]),
             FloorEcho(self.url("daphne"), "floor_daphne_asgi", pids["daphne"]),
@@ -963,20 +970,37 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
         print("output throughput, alternating, median of 3 ...", flush=True)
         runs: dict[str, list[float]] = {}
+        cpu: dict[str, list[int]] = {}
+        assert sp.proc is not None
+
+        async def timed(name: str, pid: int, run: Coroutine[Any, Any, float]) -> None:
+            before = _tree_cpu_ns(pid)
+            runs.setdefault(name, []).append(await run)
+            spent = cpu.setdefault(name, [0, 0])
+            for i, after in enumerate(_tree_cpu_ns(pid)):
+                spent[i] += after - before[i]
+
         for _ in range(3):
             runs.setdefault("raw_pty", []).append(raw_pty_throughput(total))
-            runs.setdefault("sandpit_local", []).append(
-                await sandpit_throughput(sp, sp.terminal(sandbox_id), total)
+            await timed(
+                "sandpit_local", sp.proc.pid, sandpit_throughput(sp, sp.terminal(sandbox_id), total)
             )
             if docker_id:
-                runs.setdefault("sandpit_docker", []).append(
-                    await sandpit_throughput(sp, sp.terminal(docker_id), total)
+                await timed(
+                    "sandpit_docker",
+                    sp.proc.pid,
+                    sandpit_throughput(sp, sp.terminal(docker_id), total),
                 )
-            runs.setdefault("jupyter", []).append(await jupyter_throughput(jp, total))
+            await timed("jupyter", jp.proc.pid, jupyter_throughput(jp, total))
             floor_ws = await websockets.connect(
                 floors.url("daphne", "/pty"), max_size=None, compression=None
             )
-            runs.setdefault("floor_daphne_pty", []).append(await ws_throughput(floor_ws, total))
+            await timed("floor_daphne_pty", floors.pid("daphne"), ws_throughput(floor_ws, total))
+        # CPU per MB delivered: the server's own, and its children's (agents, shells, yes).
+        results["output_cpu_ms_per_mb"] = {
+            name: [round(ns / 1e6 / (3 * total / 1e6), 1) for ns in spent]
+            for name, spent in cpu.items()
+        }
         results["output_mb_s"] = {k: round(statistics.median(v), 1) for k, v in runs.items()}
         results["output_runs_mb_s"] = {k: [round(x, 1) for x in v] for k, v in runs.items()}
 
