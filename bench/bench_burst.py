@@ -95,6 +95,8 @@ class CpuMeter:
     server: Path | None = None
     floors: Path | None = None
     web_pids: list[int] = field(default_factory=list)
+    home: Path | None = None
+    """The cgroup this process came from (it goes back there before removing the others)."""
 
     @classmethod
     def setup(cls) -> CpuMeter:
@@ -108,7 +110,7 @@ class CpuMeter:
                 (base / name).mkdir(parents=True, exist_ok=True)
         except OSError:
             return cls()
-        return cls(server=base / "server", floors=base / "floors")
+        return cls(server=base / "server", floors=base / "floors", home=base.parent)
 
     def enter(self, which: str) -> None:
         """Move this process into `which` ("server" before starting it, then "floors")."""
@@ -134,8 +136,9 @@ class CpuMeter:
 
     def remove(self) -> None:
         """Remove the cgroups, with the (empty) ones the server's provider made below."""
-        if self.server is None:
+        if self.server is None or self.home is None:
             return
+        (self.home / "cgroup.procs").write_text(str(os.getpid()))
         for directory, _, _ in sorted(os.walk(self.server.parent), reverse=True):
             try:
                 os.rmdir(directory)
