@@ -324,6 +324,7 @@ SANDPIT_LOCAL_CREATE_CONCURRENCY = env_int(
 # base on; none of them may belong to a real account (see sandboxes/providers/local/identity.py).
 SANDPIT_LOCAL_UID_BASE = env_int("SANDPIT_LOCAL_UID_BASE", 1_000_000_000)
 SANDPIT_LOCAL_UID_COUNT = env_int("SANDPIT_LOCAL_UID_COUNT", 65_536)
+SANDPIT_LOCAL_UID_LOCK_DIR = env_str("SANDPIT_LOCAL_UID_LOCK_DIR", "/run/sandpit/local-uids")
 SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 # Docker containers kept started per process (and engine) for creates of the common spec to
 # claim (0: none; sandboxes/providers/docker/pool.py), and how many cold creates one process

@@ -101,6 +101,7 @@ def _build_local() -> SandboxProvider:
         create_concurrency=settings.SANDPIT_LOCAL_CREATE_CONCURRENCY,
         host_uid_base=settings.SANDPIT_LOCAL_UID_BASE,
         host_uid_count=settings.SANDPIT_LOCAL_UID_COUNT,
+        host_uid_lock_dir=settings.SANDPIT_LOCAL_UID_LOCK_DIR,
     )
 
 

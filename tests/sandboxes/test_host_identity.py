@@ -17,7 +17,8 @@ import pytest
 
 from sandboxes.providers.base import ExecRequest, SandboxProvider, SandboxSpec
 from sandboxes.providers.local import LocalProvider
-from tests.requirements import missing_part
+from sandboxes.providers.local.identity import DEFAULT_UID_LOCK_DIR
+from tests.requirements import jail_root, missing_part
 
 # Walks /proc/sys and tries to open every file for writing; prints what opened.
 # Opening (without writing) changes nothing, even where it succeeds.
@@ -185,10 +186,31 @@ def test_a_destroyed_jails_uid_is_given_back(local_provider):
     sandbox = uuid.uuid4().hex
     local_provider.create(SandboxSpec(sandbox_id=sandbox))
     uid = _state(local_provider, sandbox)["host_uid"]
-    lock = local_provider.root_dir / ".sandpit" / "uids" / str(uid)
+    lock = Path(DEFAULT_UID_LOCK_DIR) / str(uid)
     assert lock.exists()
     local_provider.destroy(sandbox)
     assert not lock.exists()
+
+
+def test_providers_with_different_roots_never_share_a_host_uid(local_provider):
+    """The uid locks are the host's, not a root's: two providers (other roots, the same
+    sandbox id, so the same first uid to try) give their jails two different host uids, so
+    neither jail can signal or trace the other's processes."""
+    _require_root()
+    other = LocalProvider(root_dir=jail_root("local-sandboxes-other-root"))
+    sandbox = uuid.uuid4().hex
+    local_provider.create(SandboxSpec(sandbox_id=sandbox))
+    try:
+        other.create(SandboxSpec(sandbox_id=sandbox))
+        try:
+            first = _state(local_provider, sandbox)["host_uid"]
+            second = _state(other, sandbox)["host_uid"]
+            assert first != second
+            assert (Path(DEFAULT_UID_LOCK_DIR) / str(second)).exists()
+        finally:
+            other.destroy(sandbox)
+    finally:
+        local_provider.destroy(sandbox)
 
 
 def test_jail_directories_are_private_to_the_host_and_the_jail(local_provider, two_local):

@@ -9,7 +9,7 @@ root, and two sandboxes are two different host users, so neither can signal, tra
 or read the other's files even if it reached them. The uid doubles as the gid.
 
 Uids need no /etc/passwd entry. A uid is taken by creating ``<lock_dir>/<uid>`` with
-O_EXCL (atomic across every process sharing ``root_dir``) and given back when the jail
+O_EXCL (atomic across every process and provider root on the host) and given back when the jail
 is torn down, after its processes are dead. A server that is not root cannot switch
 uids; its jails run as its own (unprivileged) uid.
 """
@@ -21,6 +21,10 @@ import zlib
 from pathlib import Path
 
 from sandboxes.providers.base import ResourceExhausted
+
+DEFAULT_UID_LOCK_DIR = "/run/sandpit/local-uids"
+"""Where taken uids are recorded: one place per host (every provider root, every process),
+on a tmpfs that a reboot empties when no jail can be alive."""
 
 
 class HostIdentities:

@@ -52,7 +52,7 @@ from sandboxes.providers.local.boot import (
 )
 from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.files import Workspace
-from sandboxes.providers.local.identity import HostIdentities
+from sandboxes.providers.local.identity import DEFAULT_UID_LOCK_DIR, HostIdentities
 from sandboxes.providers.local.operations import JailOperations
 from sandboxes.providers.local.pool import WarmPool, owner_alive
 from sandboxes.providers.local.snapshot import (
@@ -85,6 +85,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         warm_pool: int = 0,
         host_uid_base: int = 1_000_000_000,
         host_uid_count: int = 65_536,
+        host_uid_lock_dir: str | Path = DEFAULT_UID_LOCK_DIR,
         create_concurrency: int = 0,
         warm_pool_max: int = 0,
     ) -> None:
@@ -104,7 +105,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._etc.remove_unused(self._etc_dirs_in_use())
         self._agent_path = shared / "agent.pyz"
         jail.install_agent(self._agent_path)
-        self._identities = HostIdentities(shared / "uids", host_uid_base, host_uid_count)
+        # One lock directory for the whole host, not per root: two providers with different
+        # roots must never hand the same host uid to two live jails.
+        self._identities = HostIdentities(Path(host_uid_lock_dir), host_uid_base, host_uid_count)
         if self._identities.switching:
             check_passable(self.root_dir)
         self._cgroup_bases = jail.cgroup_bases()
