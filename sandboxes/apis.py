@@ -11,6 +11,7 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
@@ -98,6 +99,21 @@ class SandboxApi(APIView):
                 f"This token lacks the '{self.required_scope}' scope.", code="scope_missing"
             )
         return sandbox
+
+    # The stubs type the response as DRF's Response; DRF takes and returns any HttpResponseBase.
+    def finalize_response(  # type: ignore[override]
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """Rendered here, on the request's thread, and handed on as a plain HttpResponse:
+        Django's ASGI handler crosses to a thread once more just to render a response
+        that renders late (a DRF Response is one), ~0.2 ms of a sandbox read."""
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
+        if not isinstance(response, Response):
+            return response
+        response.render()
+        return HttpResponse(
+            response.content, status=response.status_code, headers=dict(response.items())
+        )
 
     def operate(self, request: Any, run: Callable[[Caller], HttpResponse]) -> HttpResponse:
         """Run `run(caller)` once per Idempotency-Key: a retry of a finished request gets

@@ -376,7 +376,11 @@ def test_the_sandbox_lookup_reads_what_the_orm_reads(api_a, api_b, sandbox_a, or
     for field in Sandbox._meta.concrete_fields:
         assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
     assert found._state.adding is False and found._state.db == "default"
-    assert api_a.get(url(sandbox_a)).json() == serializers.SandboxOutput(expected).data
+    read = api_a.get(url(sandbox_a))
+    assert read.json() == serializers.SandboxOutput(expected).data
+    # Rendered in the view's thread (SandboxApi.finalize_response), DRF's headers kept.
+    assert read["Content-Type"] == "application/json"
+    assert set(read["Allow"].replace(" ", "").split(",")) >= {"GET", "DELETE"}
     with pytest.raises(NotFound):
         sandbox_get_for_principal(
             principal=Principal(organization=org_b), sandbox_id=sandbox_a["id"]
