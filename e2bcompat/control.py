@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from accounts.permissions import principal_of
 from common.errors import ApplicationError, Conflict
 from common.exception_handler import api_exception_handler
-from sandboxes import services, snapshots
+from sandboxes import file_services, services, snapshots
 from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
 from sandboxes.apis import _fingerprint as request_fingerprint
 from sandboxes.apis import _stored as stored_response
@@ -288,7 +288,7 @@ class FilesApi(EnvdApi):
         translate.require_running(sandbox)
         path = request.query_params.get("path", "")
         try:
-            data = services.sandbox_file_read(
+            data = file_services.sandbox_file_read(
                 caller=self.caller(request), sandbox=sandbox, path=translate.sandbox_path(path)
             )
         except FileNotFound:
@@ -315,7 +315,7 @@ class FilesApi(EnvdApi):
         written = []
         for name, data in uploads:
             target = translate.sandbox_path(name)
-            entry = services.sandbox_file_write(
+            entry = file_services.sandbox_file_write(
                 caller=caller, sandbox=sandbox, path=target, data=data
             )
             written.append(_write_info(translate.e2b_path(entry.path)))

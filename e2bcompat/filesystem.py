@@ -24,14 +24,14 @@ from e2b.envd.filesystem.filesystem_connect import Filesystem
 from protobuf import Oneof
 from protobuf.wkt import Timestamp
 
-from sandboxes.providers.base import FileEntry
-from sandboxes.services import (
+from sandboxes.file_services import (
     sandbox_file_list,
     sandbox_file_move,
     sandbox_file_remove,
     sandbox_file_stat,
     sandbox_mkdir,
 )
+from sandboxes.providers.base import FileEntry
 from sandboxes.streaming import sandbox_watch_open_polled, sandbox_watch_start, sandbox_watch_stop
 from sandboxes.watchers import FileWatcher, WatchSpec, file_event_data
 

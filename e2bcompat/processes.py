@@ -32,7 +32,7 @@ from protobuf import Oneof
 
 from sandboxes.caller import Caller
 from sandboxes.models import Sandbox
-from sandboxes.services import sandbox_process_signal
+from sandboxes.process_services import sandbox_process_signal
 from sandboxes.streaming import (
     ExecStream,
     SessionInfo,

@@ -19,6 +19,7 @@ from accounts.authentication import Principal, principal_for_session_user
 from accounts.selectors import current_organization_for_session, organization_manager_emails
 from billing import pricing
 from common.errors import NotFound
+from sandboxes import file_services
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
 from sandboxes.routing import websocket_urlpatterns
@@ -54,7 +55,7 @@ def _initial_listing(sandbox: Sandbox) -> list[dict[str, object]] | None:
     if sandbox.state != "running":
         return None
     try:
-        entries = sandbox_services.sandbox_file_list(
+        entries = file_services.sandbox_file_list(
             caller=sandbox_services.PLATFORM, sandbox=sandbox, path="."
         )
     except Exception:  # noqa: BLE001 - the page still opens; the explorer then lists by itself

@@ -168,6 +168,8 @@ def serve(processes: int, host: str, port: int, args: Sequence[str]) -> int:
         raise SystemExit("SANDPIT_WEB_PROCESSES > 1 serves IPv4 addresses only (-b)")
     sockets = [listening_socket(host, port) for _ in range(processes)]
     rest = without_binding(args)
+    # Inherited by every child: how many servers share the machine (it sizes each DB pool).
+    os.environ["SANDPIT_WEB_PROCESS_COUNT"] = str(processes)
     children: list[subprocess.Popen[bytes]] = []
     try:
         for sock in sockets:
@@ -184,7 +186,6 @@ def serve(processes: int, host: str, port: int, args: Sequence[str]) -> int:
             children.append(
                 subprocess.Popen(
                     argv,
-                    env={**os.environ, "SANDPIT_WEB_PROCESS_COUNT": str(processes)},
                     pass_fds=(sock.fileno(),),
                     preexec_fn=functools.partial(_die_with_supervisor, os.getpid()),  # noqa: PLW1509 - no threads here yet
                 )

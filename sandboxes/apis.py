@@ -25,7 +25,7 @@ from accounts.permissions import principal_of
 from common.errors import ApplicationError, Forbidden, PayloadTooLarge
 from common.pagination import CursorlessPagination
 
-from . import code_services, services
+from . import code_services, file_services, process_services, services
 from . import serializers as s
 from .caller import Caller, StoredResponse, request_begin, request_finish
 from .models import Sandbox
@@ -318,7 +318,7 @@ class SandboxCommandApi(SandboxApi):
 
         def run(caller: Caller) -> Response:
             if data["background"]:
-                info = services.sandbox_exec_background(
+                info = process_services.sandbox_exec_background(
                     caller=caller,
                     sandbox=sandbox,
                     command=data["command"],
@@ -398,7 +398,7 @@ class FilesApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            entries = services.sandbox_file_list(
+            entries = file_services.sandbox_file_list(
                 caller=caller,
                 sandbox=sandbox,
                 path=query["path"] or ".",
@@ -418,7 +418,7 @@ class FilesApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            services.sandbox_file_remove(
+            file_services.sandbox_file_remove(
                 caller=caller, sandbox=sandbox, path=query["path"], recursive=query["recursive"]
             )
             return Response(status=status.HTTP_204_NO_CONTENT)
@@ -448,7 +448,7 @@ class FileContentApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> HttpResponse:
-            data = services.sandbox_file_read(
+            data = file_services.sandbox_file_read(
                 caller=caller,
                 sandbox=sandbox,
                 path=query["path"],
@@ -473,7 +473,7 @@ class FileContentApi(SandboxApi):
         body = _upload_body(request)
 
         def run(caller: Caller) -> Response:
-            entry = services.sandbox_file_write(
+            entry = file_services.sandbox_file_write(
                 caller=caller, sandbox=sandbox, path=query["path"], data=body
             )
             return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
@@ -491,7 +491,9 @@ class FileStatApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            entry = services.sandbox_file_stat(caller=caller, sandbox=sandbox, path=query["path"])
+            entry = file_services.sandbox_file_stat(
+                caller=caller, sandbox=sandbox, path=query["path"]
+            )
             return Response(s.file_entry_data(entry))
 
         return self.operate(request, run)
@@ -510,7 +512,9 @@ class FileExistsApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            found = services.sandbox_file_exists(caller=caller, sandbox=sandbox, path=query["path"])
+            found = file_services.sandbox_file_exists(
+                caller=caller, sandbox=sandbox, path=query["path"]
+            )
             return Response({"exists": found})
 
         return self.operate(request, run)
@@ -526,7 +530,7 @@ class MkdirApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            entry = services.sandbox_mkdir(caller=caller, sandbox=sandbox, path=data["path"])
+            entry = file_services.sandbox_mkdir(caller=caller, sandbox=sandbox, path=data["path"])
             return Response(s.file_entry_data(entry), status=status.HTTP_201_CREATED)
 
         return self.operate(request, run)
@@ -542,7 +546,7 @@ class MoveApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            entry = services.sandbox_file_move(
+            entry = file_services.sandbox_file_move(
                 caller=caller, sandbox=sandbox, src=data["from"], dst=data["to"]
             )
             return Response(s.file_entry_data(entry))
@@ -561,7 +565,7 @@ class ProcessListApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            processes = services.sandbox_process_list(caller=caller, sandbox=sandbox)
+            processes = process_services.sandbox_process_list(caller=caller, sandbox=sandbox)
             return Response({"results": [s.process_data(p) for p in processes]})
 
         return self.operate(request, run)
@@ -572,7 +576,7 @@ class ProcessListApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            info = services.sandbox_process_start(
+            info = process_services.sandbox_process_start(
                 caller=caller,
                 sandbox=sandbox,
                 command=data["command"],
@@ -592,11 +596,11 @@ class ProcessSignalApi(SandboxApi):
     @extend_schema(request=s.SignalInput)
     def post(self, request: Request, sandbox_id: str, pid: int) -> HttpResponse:
         data = _validated(s.SignalInput, request.data)
-        services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
+        process_services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            services.sandbox_process_signal(
+            process_services.sandbox_process_signal(
                 caller=caller, sandbox=sandbox, pid=pid, signal=data["signal"]
             )
             return Response({"pid": pid, "signal": data["signal"]})
@@ -627,7 +631,7 @@ class ProcessOutputApi(SandboxApi):
         sandbox = self.sandbox(request, sandbox_id)
 
         def run(caller: Caller) -> Response:
-            output = services.sandbox_background_output(
+            output = process_services.sandbox_background_output(
                 caller=caller,
                 sandbox=sandbox,
                 pid=pid,

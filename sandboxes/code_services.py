@@ -24,18 +24,11 @@ from . import languages as table
 from .activity import sandbox_touch
 from .caller import Caller, metered
 from .code_runs import COMPILE_TIMEOUT_S, CodeRun, code_run, streamed_argv
+from .file_services import sandbox_file_write
 from .models import BuildState, Sandbox, Template
+from .provider_access import provider_call, provider_for, require_capability, require_running
 from .providers.base import Capability, ExecRequest, ExecResult, ProviderError
-from .services import (
-    _call,
-    _require_running,
-    provider_for,
-    require_capability,
-    sandbox_create,
-    sandbox_destroy,
-    sandbox_exec,
-    sandbox_file_write,
-)
+from .services import sandbox_create, sandbox_destroy, sandbox_exec
 
 CLASSIC = frozenset({"python3", "node", "bash"})
 """What a sandbox is assumed to have when it cannot be probed (no shell answers)."""
@@ -105,14 +98,14 @@ def sandbox_binaries(sandbox: Sandbox, template: Template | None = None) -> froz
     found = _probed.get(key)
     if found is not None:
         return found
-    _require_running(sandbox)
+    require_running(sandbox)
     provider = provider_for(sandbox)
     present: frozenset[str] = frozenset()
     if Capability.EXEC in provider.capabilities:
         argv = table.probe_argv()
         request = ExecRequest(command=argv[0], args=argv[1:], timeout_s=PROBE_TIMEOUT_S)
         try:
-            result = _call(sandbox, provider.exec, sandbox.provider_id, request)
+            result = provider_call(sandbox, provider.exec, sandbox.provider_id, request)
             present = table.present_binaries(result.stdout.decode(errors="replace"))
         except ProviderError:
             present = frozenset()
@@ -186,12 +179,12 @@ def sandbox_run_code(
     name = resolve_language(code, language)
     language_, toolchain = _toolchain(sandbox, name)
     with metered(caller, feature="exec", operation="code", scope="exec"):
-        _require_running(sandbox)
+        require_running(sandbox)
         provider = provider_for(sandbox)
         require_capability(provider, Capability.EXEC)  # code runs are built on exec
 
         def exec_(request: ExecRequest) -> ExecResult:
-            result: ExecResult = _call(sandbox, provider.exec, sandbox.provider_id, request)
+            result: ExecResult = provider_call(sandbox, provider.exec, sandbox.provider_id, request)
             return result
 
         run = code_run(

@@ -31,7 +31,7 @@ from common import metrics
 from .engines import docker_engines
 from .events import sandbox_event_broadcast
 from .models import Sandbox, SandboxState
-from .services import sandbox_transition
+from .provider_access import sandbox_transition
 
 logger = logging.getLogger(__name__)
 

@@ -39,10 +39,11 @@ from common import metrics
 from common.logging import sandbox_id_var
 
 from .models import Sandbox, SandboxState
+from .provider_access import provider_for, sandbox_transition
 from .providers import configured_provider_names, get_provider
 from .providers.base import Capability, ExecRequest, ProviderError, SandboxGone, SandboxHandle
 from .providers.base import SandboxState as HandleState
-from .services import provider_for, sandbox_destroy, sandbox_transition
+from .services import sandbox_destroy
 from .snapshots import paused_sandboxes_archive, stale_snapshots_remove
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,9 @@
-"""Sandbox side effects: lifecycle, commands, code, files, processes, tokens and ports.
+"""Sandbox side effects: lifecycle, commands, tokens and ports (files in file_services.py,
+processes in process_services.py, code runs in code_services.py).
 
 The one door: every operation that runs something in a sandbox is a function here (or in
-terminals.py / streaming.py) taking a `Caller`, and wraps its provider call in
+a sibling module: file_services, process_services, code_services, terminals, streaming)
+taking a `Caller`, and wraps its provider call in
 `caller.metered` (scope, billing authorization, the call, one usage record). Interfaces
 resolve tenancy with a selector, build the Caller and call one of these; they never reach a
 provider or billing themselves.
@@ -13,16 +15,11 @@ Provider calls never run inside a database transaction: a command may take
 from __future__ import annotations
 
 import logging
-import shlex
-import signal as signal_module
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.authentication import Principal
@@ -36,7 +33,15 @@ from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
 from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
-from .models import ALLOWED_TRANSITIONS, LIVE_STATES, Sandbox, SandboxState, Snapshot
+from .models import LIVE_STATES, Sandbox, SandboxState, Snapshot
+from .provider_access import (
+    fast_commit,
+    provider_call,
+    provider_for,
+    require_capability,
+    require_running,
+    sandbox_transition,
+)
 from .providers import (
     configured_provider_names,
     get_provider,
@@ -48,14 +53,8 @@ from .providers.base import (
     CapabilityNotSupported,
     ExecRequest,
     ExecResult,
-    FileEntry,
-    ProcessInfo,
-    ProcessNotFound,
     ProviderError,
-    ProviderUnavailable,
     Resources,
-    SandboxGone,
-    SandboxProvider,
     SandboxSpec,
     SandboxStats,
 )
@@ -73,87 +72,6 @@ __all__ = [  # re-exported: interfaces import the door from here
 ]
 
 logger = logging.getLogger(__name__)
-
-
-# --- helpers ------------------------------------------------------------------------
-
-
-def provider_for(sandbox: Sandbox) -> SandboxProvider:
-    """The provider holding the sandbox (ProviderError when it is not configured)."""
-    return get_provider(sandbox.provider)
-
-
-def require_capability(provider: SandboxProvider, capability: Capability) -> None:
-    if capability not in provider.capabilities:
-        raise CapabilityNotSupported(
-            f"The '{provider.name}' provider does not support {capability.value}."
-        )
-
-
-@contextmanager
-def fast_commit() -> Iterator[None]:
-    """A transaction whose COMMIT does not wait for the WAL flush (PostgreSQL).
-
-    For sandbox bookkeeping only, never for money: a database crash may lose the last few
-    milliseconds of state changes, and the reconciler repairs exactly that (a resource with
-    no live row is destroyed, a live row with no resource becomes error). Saves an fsync
-    (1-2 ms here) on every create and destroy."""
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        yield
-
-
-def sandbox_transition(
-    sandbox: Sandbox, to: str, *, where: Mapping[str, Any] | None = None, **fields: Any
-) -> bool:
-    """Move to state `to` if the current state allows it (and the row still matches `where`).
-    Conditional UPDATE, so two workers racing on one sandbox cannot both win. Returns
-    whether this call won."""
-    allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
-    with fast_commit():
-        updated = Sandbox.objects.filter(
-            pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
-        ).update(state=to, **fields)
-    if updated:
-        sandbox.state = to
-        for name, value in fields.items():
-            setattr(sandbox, name, value)
-    return bool(updated)
-
-
-def _require_running(sandbox: Sandbox) -> None:
-    if sandbox.state in (SandboxState.PAUSED, SandboxState.ARCHIVED):
-        # Never resumed behind the caller's back: resuming is counted and may restart it.
-        raise Conflict(
-            f"Sandbox {sandbox.id} is {sandbox.state}: resume it first "
-            f"(POST /api/v1/sandboxes/{sandbox.id}/resume).",
-            code="sandbox_paused",
-        )
-    if sandbox.state != SandboxState.RUNNING:
-        raise Conflict(
-            f"Sandbox {sandbox.id} is {sandbox.state}, not running.", code="sandbox_not_running"
-        )
-
-
-def _call(sandbox: Sandbox, fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
-    """Call the provider; a sandbox that vanished under us is marked error. Provider
-    outages are counted for /metrics; user-caused errors (missing file...) are not."""
-    release_idle_connection()  # not held while the provider works (common/dbconn.py)
-    try:
-        return fn(*args, **kwargs)
-    except (SandboxGone, ProviderUnavailable) as exc:
-        operation = getattr(fn, "__name__", "unknown")
-        counter_inc("provider_errors", provider=sandbox.provider, operation=operation)
-        if isinstance(exc, SandboxGone):
-            sandbox_transition(
-                sandbox,
-                SandboxState.ERROR,
-                error_message="The provider no longer has this sandbox.",
-                stopped_at=timezone.now(),
-            )
-        raise
 
 
 # --- lifecycle ------------------------------------------------------------------------
@@ -379,12 +297,12 @@ def sandbox_set_timeout(*, caller: Caller, sandbox: Sandbox, timeout_s: int) -> 
     keeps it at the sandbox's end of life (expires_at), renewed here: never the idle
     timeout, which would end a sandbox in use when that timer ran out."""
     with metered(caller, feature="sandbox", operation="sandbox.timeout"):
-        _require_running(sandbox)
+        require_running(sandbox)
         provider = provider_for(sandbox)
         now = timezone.now()
         if Capability.TIMEOUT in provider.capabilities:
             remaining_s = max(1, int((sandbox.expires_at - now).total_seconds()))
-            _call(sandbox, provider.set_timeout, sandbox.provider_id, remaining_s)
+            provider_call(sandbox, provider.set_timeout, sandbox.provider_id, remaining_s)
         Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
         sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
     return sandbox
@@ -393,10 +311,10 @@ def sandbox_set_timeout(*, caller: Caller, sandbox: Sandbox, timeout_s: int) -> 
 def sandbox_stats(*, sandbox: Sandbox) -> SandboxStats:
     """Resource gauges. Not counted: monitoring reads Sandpit's view of the sandbox and runs
     nothing in it, and an open playground polls it every few seconds."""
-    _require_running(sandbox)
+    require_running(sandbox)
     provider = provider_for(sandbox)
     require_capability(provider, Capability.STATS)
-    return _call(sandbox, provider.stats, sandbox.provider_id)
+    return provider_call(sandbox, provider.stats, sandbox.provider_id)
 
 
 # --- execution ---------------------------------------------------------------------------
@@ -415,7 +333,7 @@ def sandbox_exec(
 ) -> ExecResult:
     """Run one command to completion, counted once. `args is None` → `sh -c command`."""
     with metered(caller, feature="exec", operation="command", scope="exec"):
-        _require_running(sandbox)
+        require_running(sandbox)
         provider = provider_for(sandbox)
         require_capability(provider, Capability.EXEC)
         request = ExecRequest(
@@ -427,292 +345,9 @@ def sandbox_exec(
             stdin=stdin,
             max_output_bytes=settings.SANDPIT_MAX_OUTPUT_BYTES,
         )
-        result = _call(sandbox, provider.exec, sandbox.provider_id, request)
+        result = provider_call(sandbox, provider.exec, sandbox.provider_id, request)
     sandbox_touch(sandbox)
     return result
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-def _files(sandbox: Sandbox) -> SandboxProvider:
-    _require_running(sandbox)
-    provider = provider_for(sandbox)
-    require_capability(provider, Capability.FILES)
-    return provider
-
-
-def _file_op(caller: Caller, operation: str) -> Any:
-    return metered(caller, feature="files", operation=operation, scope="files")
-
-
-def sandbox_file_list(
-    *, caller: Caller, sandbox: Sandbox, path: str, recursive: bool = False
-) -> list[FileEntry]:
-    """Entries under `path` (counted once)."""
-    with _file_op(caller, "files.list"):
-        provider = _files(sandbox)
-        entries = _call(sandbox, provider.list_files, sandbox.provider_id, path, recursive)
-    sandbox_touch(sandbox)
-    return entries
-
-
-def sandbox_file_read(
-    *, caller: Caller, sandbox: Sandbox, path: str, offset: int = 0, length: int | None = None
-) -> bytes:
-    """`length` bytes (all when None) of a file from byte `offset` (counted once)."""
-    with _file_op(caller, "files.read"):
-        provider = _files(sandbox)
-        data = _call(sandbox, provider.read_file, sandbox.provider_id, path, offset, length)
-    sandbox_touch(sandbox)
-    return data
-
-
-def sandbox_file_write(*, caller: Caller, sandbox: Sandbox, path: str, data: bytes) -> FileEntry:
-    """Create or replace a file (counted once)."""
-    with _file_op(caller, "files.write"):
-        provider = _files(sandbox)
-        entry = _call(sandbox, provider.write_file, sandbox.provider_id, path, data)
-    sandbox_touch(sandbox)
-    return entry
-
-
-def sandbox_file_stat(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEntry:
-    """One entry's metadata (counted once)."""
-    with _file_op(caller, "files.stat"):
-        provider = _files(sandbox)
-        entry = _call(sandbox, provider.stat, sandbox.provider_id, path)
-    sandbox_touch(sandbox)
-    return entry
-
-
-def sandbox_file_exists(*, caller: Caller, sandbox: Sandbox, path: str) -> bool:
-    """Whether anything (a file, a directory, a symlink, even a dangling one) is at `path`;
-    counted once, like a stat. A path that would leave the sandbox is PathNotAllowed, not
-    False: the answer must not probe outside."""
-    with _file_op(caller, "files.exists"):
-        provider = _files(sandbox)
-        found = _call(sandbox, provider.exists, sandbox.provider_id, path)
-    sandbox_touch(sandbox)
-    return bool(found)
-
-
-def sandbox_mkdir(*, caller: Caller, sandbox: Sandbox, path: str) -> FileEntry:
-    """Create a directory and its parents (counted once)."""
-    with _file_op(caller, "files.mkdir"):
-        provider = _files(sandbox)
-        entry = _call(sandbox, provider.mkdir, sandbox.provider_id, path)
-    sandbox_touch(sandbox)
-    return entry
-
-
-def sandbox_file_move(*, caller: Caller, sandbox: Sandbox, src: str, dst: str) -> FileEntry:
-    """Rename `src` to `dst` (counted once)."""
-    with _file_op(caller, "files.move"):
-        provider = _files(sandbox)
-        entry = _call(sandbox, provider.move, sandbox.provider_id, src, dst)
-    sandbox_touch(sandbox)
-    return entry
-
-
-def sandbox_file_remove(
-    *, caller: Caller, sandbox: Sandbox, path: str, recursive: bool = False
-) -> None:
-    """Remove a file, or a directory with `recursive` (counted once)."""
-    with _file_op(caller, "files.remove"):
-        provider = _files(sandbox)
-        _call(sandbox, provider.remove, sandbox.provider_id, path, recursive)
-    sandbox_touch(sandbox)
-
-
-# --- processes -----------------------------------------------------------------------------
-
-
-def _processes(sandbox: Sandbox) -> SandboxProvider:
-    _require_running(sandbox)
-    provider = provider_for(sandbox)
-    require_capability(provider, Capability.PROCESSES)
-    return provider
-
-
-def sandbox_process_start(
-    *,
-    caller: Caller,
-    sandbox: Sandbox,
-    command: str,
-    args: Sequence[str] | None = None,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> ProcessInfo:
-    """Start a background process (counted once)."""
-    with metered(caller, feature="processes", operation="process.start", scope="exec"):
-        provider = _processes(sandbox)
-        info = _call(
-            sandbox,
-            provider.start_process,
-            sandbox.provider_id,
-            command,
-            list(args) if args is not None else None,
-            cwd,
-            dict(env or {}),
-        )
-    sandbox_touch(sandbox)
-    return info
-
-
-def sandbox_process_list(*, caller: Caller, sandbox: Sandbox) -> list[ProcessInfo]:
-    """The sandbox's processes (counted once: it runs a listing inside the sandbox)."""
-    with metered(caller, feature="processes", operation="process.list", scope="exec"):
-        provider = _processes(sandbox)
-        processes = _call(sandbox, provider.list_processes, sandbox.provider_id)
-    return [replace(p, command=_shown_command(p.command)) for p in processes]
-
-
-# --- background commands ---------------------------------------------------------------------
-
-BACKGROUND_LOG_DIR = "/tmp/.sandpit/processes"
-"""Where a background command's stdout and stderr go, as <pid>.out and <pid>.err. The
-providers' agents discard a started process's output, so the command redirects its own:
-`$$` is the shell's pid, which `exec` hands on to the program, so the file names match the
-pid the API returns. In /tmp, not the workspace, so listings and watchers never see them."""
-_LOG_PREFIX = (
-    f"mkdir -p {BACKGROUND_LOG_DIR} && "
-    f"exec >{BACKGROUND_LOG_DIR}/$$.out 2>{BACKGROUND_LOG_DIR}/$$.err </dev/null\n"
-)
-_READ_LOGS = (
-    f'd={BACKGROUND_LOG_DIR}; [ -e "$d/$1.out" ] || exit 3; '
-    'tail -c +"$(($2 + 1))" "$d/$1.out" | head -c "$4"; '
-    'tail -c +"$(($3 + 1))" "$d/$1.err" 2>/dev/null | head -c "$4" >&2'
-)
-
-
-def _shown_command(command: str) -> str:
-    """A background command as its caller wrote it (without the output redirection)."""
-    if not command.startswith(_LOG_PREFIX):
-        return command
-    shown = command[len(_LOG_PREFIX) :]
-    return shown[len("exec ") :] if shown.startswith("exec ") else shown
-
-
-def sandbox_exec_background(
-    *,
-    caller: Caller,
-    sandbox: Sandbox,
-    command: str,
-    args: Sequence[str] | None = None,
-    cwd: str | None = None,
-    env: Mapping[str, str] | None = None,
-) -> ProcessInfo:
-    """Start a command in the background and return at once (counted once, as a command).
-    Its stdout and stderr are kept in the sandbox (BACKGROUND_LOG_DIR) for
-    `sandbox_background_output`; it runs until it exits, is signalled or the sandbox ends.
-    `args is None` runs `command` under `sh -c`."""
-    body = command if args is None else "exec " + shlex.join([command, *args])
-    with metered(caller, feature="exec", operation="command", scope="exec"):
-        provider = _processes(sandbox)
-        info = _call(
-            sandbox,
-            provider.start_process,
-            sandbox.provider_id,
-            _LOG_PREFIX + body,
-            None,
-            cwd,
-            dict(env or {}),
-        )
-    sandbox_touch(sandbox)
-    return replace(info, command=_shown_command(info.command))
-
-
-@dataclass(frozen=True)
-class BackgroundOutput:
-    """What a background command wrote since the offsets asked for."""
-
-    stdout: bytes
-    stderr: bytes
-    process: ProcessInfo | None
-    """Its state (running, exit code) when the sandbox still lists it."""
-
-
-def sandbox_background_output(
-    *,
-    caller: Caller,
-    sandbox: Sandbox,
-    pid: int,
-    stdout_offset: int = 0,
-    stderr_offset: int = 0,
-) -> BackgroundOutput:
-    """Up to SANDPIT_MAX_OUTPUT_BYTES per stream of a background command's output, from
-    the given byte offsets (a poller passes what it has read so far); counted once. Raises
-    ProcessNotFound when `pid` was not started as a background command."""
-    limit = settings.SANDPIT_MAX_OUTPUT_BYTES
-    with metered(caller, feature="processes", operation="process.output", scope="exec"):
-        provider = _processes(sandbox)
-        # State first, output second: an answer saying it has exited then holds all it wrote.
-        processes = _call(sandbox, provider.list_processes, sandbox.provider_id)
-        request = ExecRequest(
-            command="/bin/sh",
-            args=[
-                "-c",
-                _READ_LOGS,
-                "sh",
-                str(pid),
-                str(stdout_offset),
-                str(stderr_offset),
-                str(limit),
-            ],
-            timeout_s=30.0,
-            max_output_bytes=limit,
-        )
-        result = _call(sandbox, provider.exec, sandbox.provider_id, request)
-        found = next((p for p in processes if p.pid == pid), None)
-        ours = found is not None and found.command.startswith(_LOG_PREFIX)
-        if result.exit_code == 3 and not ours:
-            raise ProcessNotFound(f"No background command with pid {pid} kept its output.")
-    if found is not None:
-        found = replace(found, command=_shown_command(found.command))
-    if result.exit_code == 3:
-        # Just started: its shell has not opened the log yet, so nothing was written.
-        return BackgroundOutput(stdout=b"", stderr=b"", process=found)
-    return BackgroundOutput(stdout=result.stdout, stderr=result.stderr, process=found)
-
-
-def parse_signal(name: str | int) -> int:
-    """A signal number from a name ('TERM', 'SIGTERM') or number; ApplicationError (400)."""
-    if isinstance(name, int):
-        number = name
-    else:
-        text = name.upper().strip()
-        if text.isdigit():
-            number = int(text)
-        else:
-            if not text.startswith("SIG"):
-                text = "SIG" + text
-            member = getattr(signal_module.Signals, text, None)
-            if member is None:
-                raise ApplicationError(f"Unknown signal '{name}'.", code="validation_error")
-            number = int(member)
-    if number not in {int(s) for s in signal_module.Signals}:
-        raise ApplicationError(f"Unknown signal '{name}'.", code="validation_error")
-    return number
-
-
-def sandbox_process_signal(
-    *, caller: Caller, sandbox: Sandbox, pid: int, signal: str | int
-) -> None:
-    """Send a signal to a process (counted once). Only SIGKILL stops a process whatever it
-    does, so only SIGKILL is never refused by billing: a catchable signal could be a trigger
-    for more work, so it stays an ordinary metered operation."""
-    number = parse_signal(signal)
-    with metered(
-        caller,
-        feature="processes",
-        operation="process.signal",
-        scope="exec",
-        teardown=number == signal_module.SIGKILL,
-    ):
-        provider = _processes(sandbox)
-        _call(sandbox, provider.signal_process, sandbox.provider_id, pid, number)
-    sandbox_touch(sandbox)
 
 
 # --- tokens, ports, providers ------------------------------------------------------------------

@@ -39,6 +39,13 @@ from .caller import Caller, metered
 from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
 from .models import Sandbox, SandboxState, Snapshot, SnapshotState
+from .provider_access import (
+    fast_commit,
+    provider_call,
+    provider_for,
+    require_capability,
+    sandbox_transition,
+)
 from .providers import get_provider
 from .providers.base import (
     Capability,
@@ -50,17 +57,7 @@ from .providers.base import (
     SnapshotProvider,
 )
 from .providers.snapshot_archive import remove_archive
-from .services import (
-    CAPPED_STATES,
-    _call,
-    fast_commit,
-    max_concurrent_sandboxes,
-    provider_for,
-    require_capability,
-    sandbox_create,
-    sandbox_touch,
-    sandbox_transition,
-)
+from .services import CAPPED_STATES, max_concurrent_sandboxes, sandbox_create, sandbox_touch
 from .snapshot_store import ARCHIVE, FORK, MANUAL, snapshot_path
 from .templates import template_for_sandbox
 from .terminal_registry import terminals_close_for_sandbox
@@ -170,7 +167,7 @@ def _take(sandbox: Sandbox, *, kind: str, name: str = "") -> Snapshot:
         row.location = str(snapshot_path(organization.pk, row.id))
         row.save(update_fields=["location"])
     try:
-        result = _call(sandbox, provider.snapshot, sandbox.provider_id, row.location, room)
+        result = provider_call(sandbox, provider.snapshot, sandbox.provider_id, row.location, room)
     except ResourceExhausted as exc:
         row.delete()  # the receiver removes a partial file
         raise QuotaExceeded(exc.message, code="snapshot_storage_full") from None
@@ -251,7 +248,7 @@ def sandbox_pause(*, caller: Caller, sandbox: Sandbox) -> Sandbox:
                 code="sandbox_not_running",
             )
         provider = _snapshotting(sandbox, Capability.PAUSE)
-        _call(sandbox, provider.pause, sandbox.provider_id)
+        provider_call(sandbox, provider.pause, sandbox.provider_id)
         if not sandbox_transition(
             sandbox,
             SandboxState.PAUSED,
@@ -273,7 +270,7 @@ def sandbox_resume(*, caller: Caller, sandbox: Sandbox) -> Sandbox:
             return sandbox
         if sandbox.state == SandboxState.PAUSED:
             provider = _snapshotting(sandbox, Capability.PAUSE)
-            _call(sandbox, provider.resume, sandbox.provider_id)
+            provider_call(sandbox, provider.resume, sandbox.provider_id)
             now = timezone.now()
             if not sandbox_transition(
                 sandbox,

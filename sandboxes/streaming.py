@@ -40,6 +40,7 @@ from .caller import Caller, billing_allows, billing_authorize, billing_record, m
 from .code_services import code_stream_argv
 from .models import Sandbox, SandboxState
 from .programs import exec_runner
+from .provider_access import provider_for, require_capability
 from .providers.base import (
     Capability,
     ExecEvent,
@@ -55,7 +56,6 @@ from .providers.base import (
     SandboxProvider,
     StreamingProvider,
 )
-from .services import provider_for, require_capability
 from .watchers import FileWatcher, WatchSpec, coalesce_events, sandbox_pollers
 
 __all__ = [  # the provider types a streaming interface handles, re-exported

@@ -37,8 +37,8 @@ from .agent_sessions import (
 )
 from .caller import Caller, billing_authorize, billing_record, metered
 from .models import Sandbox, SandboxState
+from .provider_access import provider_for, require_capability
 from .providers.base import Capability, ProcessNotFound, ProviderError, SandboxProvider
-from .services import provider_for, require_capability
 from .terminal_registry import (
     Terminal,
     TerminalClient,

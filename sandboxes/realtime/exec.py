@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
 from common.errors import ApplicationError, PaymentRequired
-from sandboxes.services import parse_signal
+from sandboxes.process_services import parse_signal
 from sandboxes.streaming import (
     ExecStream,
     ProviderError,

@@ -10,8 +10,9 @@ from django.utils import timezone
 from sandboxes import operations
 from sandboxes.caller import PLATFORM
 from sandboxes.models import Sandbox, SandboxState
+from sandboxes.process_services import sandbox_process_start
 from sandboxes.providers import get_provider
-from sandboxes.services import sandbox_destroy, sandbox_process_start, sandbox_touch_id
+from sandboxes.services import sandbox_destroy, sandbox_touch_id
 
 from .conftest import provider_has
 

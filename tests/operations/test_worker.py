@@ -20,9 +20,9 @@ from common import metrics
 from sandboxes import tasks
 from sandboxes.caller import PLATFORM
 from sandboxes.models import Sandbox, SandboxState
+from sandboxes.process_services import sandbox_process_start
 from sandboxes.providers import get_provider
 from sandboxes.providers.base import SandboxSpec
-from sandboxes.services import sandbox_process_start
 from tests.requirements import missing_part
 
 from .conftest import INSTALLATION, docker_available, provider_has

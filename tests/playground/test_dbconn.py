@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from accounts.models import Organization
 from common.dbconn import release_idle_connection
 from sandboxes.models import Sandbox
-from sandboxes.services import _call
+from sandboxes.provider_access import provider_call
 from tests.requirements import missing_part
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,10 +44,10 @@ def test_nothing_to_release_without_a_connection(pooled: None) -> None:
 
 
 def test_provider_calls_run_without_a_connection_held(pooled: None) -> None:
-    """services._call is the door to every provider operation: while the provider works
+    """provider_access.provider_call is the door to every provider operation: while the provider works
     (a command can run for minutes) the request holds no connection."""
     organization = Organization.objects.create(name="Door", slug="door")
     sandbox = Sandbox(organization=organization, provider="local")
     Organization.objects.count()
-    held_during_call = _call(sandbox, lambda: connection.connection is not None)
+    held_during_call = provider_call(sandbox, lambda: connection.connection is not None)
     assert held_during_call is False

@@ -23,12 +23,18 @@ NOT_THE_SERVER = {
 
 def _reads(tree: ast.AST) -> list[int]:
     """Lines that read os.environ or call os.getenv. Setting the settings module's name
-    (os.environ.setdefault, which Django's entry points need before settings exist) is not
-    a read."""
+    (os.environ.setdefault, which Django's entry points need before settings exist) and
+    setting a variable for child processes (os.environ[...] = ...) are not reads."""
     setdefaults = {
         node.lineno
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.environ.setdefault"
+    } | {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Store)
+        and ast.unparse(node.value) == "os.environ"
     }
     return [
         node.lineno
