@@ -5,7 +5,9 @@ that is a session of the agent (sandboxes/agent/sessions.py) outlives the web pr
 that asked for it, with its records buffered for a reattach. It writes what
 ``inotifywait -m --format '%e %w%f%0'`` writes (``"CREATE,ISDIR /workspace/d\\0"``), so
 the host parses both the same way, and one empty record once its watches are in place.
-New directories are watched as they appear (recursive).
+New directories are watched as they appear (recursive), and what was created in one
+before its watch was in place is reported as created (``mkdir -p d && echo > d/f`` can
+finish before the watcher sees ``d``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ class Watcher:
         self.recursive = recursive
         self.paths: dict[int, str] = {}
 
-    def add(self, path: str) -> None:
+    def add(self, path: str, found: list[bytes] | None = None) -> None:
+        """Watch `path` (and, recursive, the directories under it). With `found` (a
+        directory that appeared while we ran), record what is already in it as created;
+        an entry made between the watch and the scan may then be reported twice, never
+        missed."""
         wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), MASK | IN_ONLYDIR)
         if wd >= 0:
             self.paths[wd] = path
@@ -62,33 +68,46 @@ class Watcher:
         except OSError:
             return
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                self.add(entry.path)
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if found is not None:
+                kinds = "CREATE,ISDIR" if is_dir else "CREATE"
+                found.append(record(kinds, entry.path))
+            if is_dir:
+                self.add(entry.path, found)
 
     def run(self) -> None:
         os.write(1, b"\0")  # watches established
         while True:
-            data = os.read(self.fd, 65536)
-            out = []
-            pos = 0
-            while pos + HEADER.size <= len(data):
-                wd, mask, _cookie, size = HEADER.unpack_from(data, pos)
-                name = data[pos + HEADER.size : pos + HEADER.size + size].rstrip(b"\0")
-                pos += HEADER.size + size
-                if mask & (IN_IGNORED | IN_Q_OVERFLOW):
-                    self.paths.pop(wd, None)
-                    continue
-                base = self.paths.get(wd)
-                if base is None:
-                    continue
-                full = os.path.join(base, os.fsdecode(name)) if name else base
-                kinds = ",".join(label for bit, label in NAMES if mask & bit)
-                if kinds:
-                    out.append(f"{kinds} {full}".encode("utf-8", "surrogateescape") + b"\0")
-                if self.recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
-                    self.add(full)
+            out = self.read_batch()
             if out:
                 os.write(1, b"".join(out))
+
+    def read_batch(self) -> list[bytes]:
+        """The records of one read of the inotify descriptor (blocks until there is one)."""
+        data = os.read(self.fd, 65536)
+        out: list[bytes] = []
+        pos = 0
+        while pos + HEADER.size <= len(data):
+            wd, mask, _cookie, size = HEADER.unpack_from(data, pos)
+            name = data[pos + HEADER.size : pos + HEADER.size + size].rstrip(b"\0")
+            pos += HEADER.size + size
+            if mask & (IN_IGNORED | IN_Q_OVERFLOW):
+                self.paths.pop(wd, None)
+                continue
+            base = self.paths.get(wd)
+            if base is None:
+                continue
+            full = os.path.join(base, os.fsdecode(name)) if name else base
+            kinds = ",".join(label for bit, label in NAMES if mask & bit)
+            if kinds:
+                out.append(record(kinds, full))
+            if self.recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+                self.add(full, out)
+        return out
+
+
+def record(kinds: str, path: str) -> bytes:
+    return f"{kinds} {path}".encode("utf-8", "surrogateescape") + b"\0"
 
 
 def main(path: str, recursive: str) -> None:
