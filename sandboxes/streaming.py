@@ -25,6 +25,7 @@ from common.errors import ApplicationError, NotFound
 from .activity import sandbox_touch_id
 from .agent_sessions import (
     AgentRunStream,
+    AgentSessions,
     AgentWatch,
     SessionInfo,
     check_id,
@@ -461,26 +462,7 @@ async def sandbox_watch_start(
     if agent is not None:
 
         def opener() -> AgentWatch:
-            _info, link = session_open(
-                agent,
-                sandbox.provider_id,
-                kind="watch",
-                argv=[],
-                cwd=None,
-                env=None,
-                orphan_s=WATCH_ORPHAN_S,
-                attach=True,
-                path=spec.path,
-                recursive=spec.recursive,
-            )
-            assert link is not None
-            watch = AgentWatch(link)
-            try:
-                watch.wait_ready()
-            except BaseException:
-                watch.close()
-                raise
-            return watch
+            return _agent_watch_open(agent, sandbox.provider_id, spec, WATCH_ORPHAN_S)[1]
 
     watcher = FileWatcher(
         watcher_id=watcher_id(),
@@ -520,14 +502,7 @@ async def sandbox_watch_resume(
         raise not_found
 
     def opener() -> AgentWatch:
-        try:
-            link = session_attach(agent, sandbox.provider_id, check_id(session_id), since)
-        except ProviderError:
-            raise not_found from None
-        if link.info.kind != "watch":
-            link.close()
-            raise not_found
-        return AgentWatch(link)
+        return _agent_watch_attach(agent, sandbox.provider_id, session_id, since, not_found)
 
     watcher = FileWatcher(
         watcher_id=watcher_id,
@@ -539,6 +514,46 @@ async def sandbox_watch_resume(
     )
     await watcher.start()
     return watcher
+
+
+def _agent_watch_open(
+    agent: AgentSessions, provider_id: str, spec: WatchSpec, orphan_s: float
+) -> tuple[SessionInfo, AgentWatch]:
+    """A watch session in the sandbox's agent, its watches in place when this returns."""
+    info, link = session_open(
+        agent,
+        provider_id,
+        kind="watch",
+        argv=[],
+        cwd=None,
+        env=None,
+        orphan_s=orphan_s,
+        attach=True,
+        path=spec.path,
+        recursive=spec.recursive,
+    )
+    assert link is not None
+    watch = AgentWatch(link)
+    try:
+        watch.wait_ready()
+    except BaseException:
+        watch.close()
+        raise
+    return info, watch
+
+
+def _agent_watch_attach(
+    agent: AgentSessions, provider_id: str, session_id: str, since: int, not_found: NotFound
+) -> AgentWatch:
+    """The agent's watch `session_id` from byte `since`; `not_found` if it has none."""
+    try:
+        link = session_attach(agent, provider_id, check_id(session_id), since)
+    except ProviderError:
+        raise not_found from None
+    if link.info.kind != "watch":
+        link.close()
+        raise not_found
+    return AgentWatch(link)
 
 
 def sandbox_watch_open_polled(
@@ -561,22 +576,8 @@ def sandbox_watch_open_polled(
         return None
     with metered(caller, feature="watch", operation="watch.create", scope="files"):
         require_capability(provider, Capability.WATCH)
-        info, link = session_open(
-            agent,
-            sandbox.provider_id,
-            kind="watch",
-            argv=[],
-            cwd=None,
-            env=None,
-            orphan_s=POLLED_WATCH_ORPHAN_S,
-            attach=True,
-            path=spec.path,
-            recursive=spec.recursive,
-        )
-        assert link is not None
-        watch = AgentWatch(link)
+        info, watch = _agent_watch_open(agent, sandbox.provider_id, spec, POLLED_WATCH_ORPHAN_S)
         try:
-            watch.wait_ready()
             watch.drain(0)  # past the ready mark
         except BaseException:
             watch.close()
@@ -599,14 +600,7 @@ def sandbox_watch_poll(
     provider = provider_for(sandbox)
     if not supports_sessions(provider):
         raise not_found
-    try:
-        link = session_attach(provider, sandbox.provider_id, check_id(session_id), since)
-    except ProviderError:
-        raise not_found from None
-    if link.info.kind != "watch":
-        link.close()
-        raise not_found
-    watch = AgentWatch(link)
+    watch = _agent_watch_attach(provider, sandbox.provider_id, session_id, since, not_found)
     try:
         events = coalesce_events(watch.drain(POLL_QUIET_S))
     finally:
