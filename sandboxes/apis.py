@@ -77,6 +77,13 @@ def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dic
     return dict(serializer.validated_data)
 
 
+_SANDBOX_OUTPUT = s.SandboxOutput()
+"""One serializer for every sandbox response (read, create, destroy, timeout), as a list
+serializer reuses its child: a new ModelSerializer rebuilds its fields from the model on
+every request (a quarter of a read's view time, 0.6 ms of CPU in a create);
+to_representation keeps no state between calls."""
+
+
 class SandboxApi(APIView):
     """Base of the sandbox endpoints.
 
@@ -242,15 +249,11 @@ class SandboxListApi(SandboxApi):
                 metadata=data.get("metadata"),
                 snapshot=snapshot,
             )
-            return Response(s.SandboxOutput(sandbox).data, status=status.HTTP_201_CREATED)
+            return Response(
+                _SANDBOX_OUTPUT.to_representation(sandbox), status=status.HTTP_201_CREATED
+            )
 
         return self.operate(request, run)
-
-
-_SANDBOX_OUTPUT = s.SandboxOutput()
-"""One serializer for every sandbox read, as a list serializer reuses its child: a new
-ModelSerializer rebuilds its fields from the model on every request (a quarter of a
-read's view time); to_representation keeps no state between calls."""
 
 
 class SandboxDetailApi(SandboxApi):
@@ -268,7 +271,7 @@ class SandboxDetailApi(SandboxApi):
         def run(caller: Caller) -> Response:
             services.sandbox_destroy(caller=caller, sandbox=sandbox, reason="api")
             sandbox.refresh_from_db()
-            return Response(s.SandboxOutput(sandbox).data)
+            return Response(_SANDBOX_OUTPUT.to_representation(sandbox))
 
         return self.operate(request, run)
 
@@ -287,7 +290,7 @@ class SandboxTimeoutApi(SandboxApi):
             services.sandbox_set_timeout(
                 caller=caller, sandbox=sandbox, timeout_s=data["timeout_s"]
             )
-            return Response(s.SandboxOutput(sandbox).data)
+            return Response(_SANDBOX_OUTPUT.to_representation(sandbox))
 
         return self.operate(request, run)
 
