@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from accounts.authentication import Principal
@@ -85,6 +87,42 @@ snapshot, so it does not (resuming it takes a place again)."""
 
 def max_concurrent_sandboxes(organization: Organization) -> int:
     return organization.max_concurrent_sandboxes or settings.SANDPIT_MAX_CONCURRENT_SANDBOXES
+
+
+def capped_sandboxes_lock_and_count(organization_id: int) -> int:
+    """Lock the organization's row (inside the caller's transaction, so two creates cannot
+    both pass the limit) and return how many of its sandboxes are in CAPPED_STATES.
+
+    Two statements: the count must be read after the lock is granted (a statement's
+    snapshot is taken when it starts), so a create that waited sees the row the other one
+    inserted."""
+    lock_sql, count_sql = _capped_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(lock_sql, [organization_id])
+        cursor.execute(count_sql, [organization_id, *map(str, CAPPED_STATES)])
+        (live,) = cursor.fetchone()
+    return int(live)
+
+
+@cache
+def _capped_sql() -> tuple[str, str]:
+    """The statements of `select_for_update().filter(pk=...)` and `filter(organization=...,
+    state__in=CAPPED_STATES).count()`, written once from the models: the ORM compiled both
+    on every create (0.7 ms of its CPU). FOR UPDATE only where the database has it, as
+    the ORM does (SQLite locks the whole database for a write anyway)."""
+    quote = connection.ops.quote_name
+    org, sandbox = Organization._meta, Sandbox._meta
+    # Identifiers from the models, quoted; the values are parameters.
+    lock = f"SELECT 1 FROM {quote(org.db_table)} WHERE {quote(org.pk.column)} = %s"  # noqa: S608
+    if connection.features.has_select_for_update:
+        lock += " FOR UPDATE"
+    states = ", ".join(["%s"] * len(CAPPED_STATES))
+    count = (
+        f"SELECT COUNT(*) FROM {quote(sandbox.db_table)} "  # noqa: S608
+        f"WHERE {quote(sandbox.get_field('organization').column)} = %s "
+        f"AND {quote(sandbox.get_field('state').column)} IN ({states})"
+    )
+    return lock, count
 
 
 def resources_from_request(requested: Mapping[str, Any] | None) -> Resources:
@@ -176,9 +214,7 @@ def sandbox_create(
     now = timezone.now()
     limit = max_concurrent_sandboxes(organization)
     with fast_commit():
-        # Lock the organization row briefly so two creates cannot both pass the limit.
-        Organization.objects.select_for_update().filter(pk=organization.pk).first()
-        live = Sandbox.objects.filter(organization=organization, state__in=CAPPED_STATES).count()
+        live = capped_sandboxes_lock_and_count(organization.pk)
         if live >= limit:
             raise QuotaExceeded(
                 f"This organization already has {live} live sandboxes (limit {limit}). "

@@ -7,13 +7,16 @@ import time
 import jwt
 import pytest
 from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
 
 from accounts.authentication import Principal
 from accounts.models import Organization
 from common.errors import NotFound
 from sandboxes import serializers
-from sandboxes.models import Sandbox
+from sandboxes.models import Sandbox, SandboxState
 from sandboxes.selectors import sandbox_get_for_principal
+from sandboxes.services import CAPPED_STATES, _capped_sql, capped_sandboxes_lock_and_count
 from tests.conftest import assert_error
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -386,3 +389,21 @@ def test_the_sandbox_lookup_reads_what_the_orm_reads(api_a, api_b, sandbox_a, or
             principal=Principal(organization=org_b), sandbox_id=sandbox_a["id"]
         )
     assert_error(api_b.get(url(sandbox_a)), 404, "sandbox_not_found")
+
+
+def test_the_create_limit_counts_what_the_orm_counts(org_a, org_b):
+    """capped_sandboxes_lock_and_count writes its statements once (sandboxes/services.py):
+    the same count as the ORM's over every state, only the organization's, and the row
+    lock on PostgreSQL."""
+    row = {"provider": "local", "timeout_s": 60, "expires_at": timezone.now()}
+    for state in SandboxState.values:
+        Sandbox.objects.create(organization=org_a, state=state, **row)
+    Sandbox.objects.create(organization=org_b, state=SandboxState.RUNNING, **row)
+    with transaction.atomic():
+        live = capped_sandboxes_lock_and_count(org_a.pk)
+    assert live == Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES).count()
+    assert 0 < live < len(SandboxState.values)
+    with transaction.atomic():
+        assert capped_sandboxes_lock_and_count(org_b.pk) == 1
+    lock, _ = _capped_sql()
+    assert lock.endswith(" FOR UPDATE") == connection.features.has_select_for_update
