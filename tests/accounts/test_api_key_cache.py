@@ -23,6 +23,7 @@ from rest_framework.test import APIClient
 
 from accounts import keycache
 from accounts.models import ApiKey, Organization
+from accounts.principal import Principal
 from accounts.services import api_key_create, api_key_revoke
 from tests.conftest import assert_error
 from tests.requirements import missing_part
@@ -148,3 +149,17 @@ def test_without_redis_every_request_reads_the_key(org_a, settings):  # type: ig
     client = _client(issued.secret)
     for _ in range(3):
         assert _key_queries(client, "/api/v1/sandboxes") == (200, 1)
+
+
+@pytest.mark.django_db
+def test_a_principal_loads_the_row_the_orm_loads(org_a):  # type: ignore[no-untyped-def]
+    """Principal.organization writes its statement once (accounts/principal.py): the same
+    row, field by field, as Organization.objects.get; a missing id raises DoesNotExist."""
+    Organization.objects.filter(pk=org_a.pk).update(spending_cap_cents=1234, plan="free")
+    loaded = Principal(organization_id=org_a.pk).organization
+    expected = Organization.objects.get(pk=org_a.pk)
+    for field in Organization._meta.concrete_fields:
+        assert getattr(loaded, field.attname) == getattr(expected, field.attname), field.name
+    assert loaded._state.adding is False and loaded._state.db == "default"
+    with pytest.raises(Organization.DoesNotExist):
+        _ = Principal(organization_id=org_a.pk + 10_000).organization
