@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from common.dbconn import release_idle_connection
@@ -62,14 +64,59 @@ def sandbox_transition(
     whether this call won."""
     allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
     with fast_commit():
-        updated = Sandbox.objects.filter(
-            pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
-        ).update(state=to, **fields)
+        if where or not allowed_from or not _plain_values(fields):
+            updated = Sandbox.objects.filter(
+                pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
+            ).update(state=to, **fields)
+        else:
+            updated = _transition_update(sandbox.pk, to, allowed_from, fields)
     if updated:
         sandbox.state = to
         for name, value in fields.items():
             setattr(sandbox, name, value)
     return bool(updated)
+
+
+def _plain_values(fields: Mapping[str, Any]) -> bool:
+    """Whether every field is a plain column set to a value (no relation, no expression),
+    which _transition_update writes as the ORM would."""
+    columns = _columns()
+    for name, value in fields.items():
+        field = columns.get(name)
+        if field is None or field.is_relation or hasattr(value, "resolve_expression"):
+            return False
+    return True
+
+
+@cache
+def _columns() -> dict[str, Field[Any, Any]]:
+    return {field.name: field for field in Sandbox._meta.concrete_fields}
+
+
+def _transition_update(pk: str, to: str, allowed_from: list[str], fields: Mapping[str, Any]) -> int:
+    """The conditional UPDATE of sandbox_transition, by a statement written once per set of
+    fields: the ORM compiled it on every call (a create's move to running cost ~1 ms of
+    CPU). Values are prepared by their fields, as the ORM's update() prepares them."""
+    names = tuple(fields)
+    columns = _columns()
+    values = [columns["state"].get_db_prep_save(to, connection)]
+    values += [columns[name].get_db_prep_save(fields[name], connection) for name in names]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
+        )
+        return int(cursor.rowcount)
+
+
+@cache
+def _transition_sql(names: tuple[str, ...], allowed: int) -> str:
+    quote = connection.ops.quote_name
+    meta, columns = Sandbox._meta, _columns()
+    sets = ", ".join(f"{quote(columns[name].column)} = %s" for name in ("state", *names))
+    states = ", ".join(["%s"] * allowed)
+    where = f"{quote(meta.pk.column)} = %s AND {quote(columns['state'].column)} IN ({states})"
+    # Identifiers from the model, quoted; the values are parameters.
+    return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {where}"  # noqa: S608
 
 
 def require_running(sandbox: Sandbox) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
+from typing import Any
 
 import jwt
 import pytest
@@ -15,6 +17,7 @@ from accounts.models import Organization
 from common.errors import NotFound
 from sandboxes import serializers
 from sandboxes.models import Sandbox, SandboxState
+from sandboxes.provider_access import sandbox_transition
 from sandboxes.selectors import sandbox_get_for_principal
 from sandboxes.services import CAPPED_STATES, _capped_sql, capped_sandboxes_lock_and_count
 from tests.conftest import assert_error
@@ -407,3 +410,33 @@ def test_the_create_limit_counts_what_the_orm_counts(org_a, org_b):
         assert capped_sandboxes_lock_and_count(org_b.pk) == 1
     lock, _ = _capped_sql()
     assert lock.endswith(" FOR UPDATE") == connection.features.has_select_for_update
+
+
+def test_a_state_transition_writes_what_the_orm_writes(org_a):
+    """sandbox_transition's UPDATE is written once per set of fields
+    (sandboxes/provider_access.py): the same row as the ORM's update for the same change,
+    refused from a state that does not lead there; a condition (`where`) still applies."""
+    row = {"provider": "local", "timeout_s": 60, "expires_at": timezone.now()}
+    fast, orm = (Sandbox.objects.create(organization=org_a, **row) for _ in range(2))
+    now = timezone.now()
+    change: dict[str, Any] = {
+        "provider_id": "p-1",
+        "engine": "",
+        "started_at": now,
+        "last_activity_at": now,
+    }
+    assert sandbox_transition(fast, SandboxState.RUNNING, **change)
+    Sandbox.objects.filter(pk=orm.pk).update(state=SandboxState.RUNNING, **change)
+    fast_row, orm_row = Sandbox.objects.get(pk=fast.pk), Sandbox.objects.get(pk=orm.pk)
+    for field in Sandbox._meta.concrete_fields:
+        if field.name not in ("id", "created_at"):
+            assert getattr(fast_row, field.attname) == getattr(orm_row, field.attname), field.name
+    assert fast.state == fast_row.state == SandboxState.RUNNING and fast.provider_id == "p-1"
+    assert not sandbox_transition(fast, SandboxState.RUNNING, provider_id="p-2")
+    assert not sandbox_transition(
+        fast, SandboxState.STOPPED, where={"last_activity_at": now - timedelta(seconds=1)}
+    )
+    assert sandbox_transition(fast, SandboxState.ERROR, error_message="gone", stopped_at=now)
+    fast_row.refresh_from_db()
+    assert (fast_row.state, fast_row.error_message, fast_row.stopped_at) == ("error", "gone", now)
+    assert fast_row.provider_id == "p-1"
