@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,27 @@ def test_providers_with_different_roots_never_share_a_host_uid(local_provider):
             other.destroy(sandbox)
     finally:
         local_provider.destroy(sandbox)
+
+
+def test_uids_an_earlier_version_locked_under_the_root_stay_taken(tmp_path):  # type: ignore[no-untyped-def]
+    """An upgrade with live jails: their uids were locked under the provider root; the host-wide
+    directory takes them over, so a new jail never gets a uid a live one runs as."""
+    _require_root()
+    root = Path(jail_root("local-sandboxes-upgrade"))
+    old = root / ".sandpit" / "uids"
+    old.mkdir(parents=True, exist_ok=True)
+    sandbox = uuid.uuid4().hex
+    first_try = 1_000_000_000 + zlib.crc32(sandbox.encode()) % 65_536
+    (old / str(first_try)).write_text("a jail of the earlier version")
+    lock_dir = tmp_path / "uids"
+    provider = LocalProvider(root_dir=root, host_uid_lock_dir=lock_dir)
+    assert not old.exists()
+    assert (lock_dir / str(first_try)).read_text() == "a jail of the earlier version"
+    provider.create(SandboxSpec(sandbox_id=sandbox))
+    try:
+        assert _state(provider, sandbox)["host_uid"] not in (0, first_try)
+    finally:
+        provider.destroy(sandbox)
 
 
 def test_jail_directories_are_private_to_the_host_and_the_jail(local_provider, two_local):

@@ -16,6 +16,7 @@ uids; its jails run as its own (unprivileged) uid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 from pathlib import Path
@@ -55,21 +56,37 @@ class HostIdentities:
         for step in range(self.count):
             uid = self.base + (start + step) % self.count
             try:
-                fd = os.open(
-                    self.lock_dir / str(uid),
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                    0o600,
-                )
+                self._take(uid, owner.encode())
             except FileExistsError:
                 continue
-            try:
-                os.write(fd, owner.encode())
-            finally:
-                os.close(fd)
             return uid
         raise ResourceExhausted(
             f"all {self.count} sandbox host uids are in use (SANDPIT_LOCAL_UID_COUNT)"
         )
+
+    def adopt(self, old_dir: Path) -> None:
+        """Take over the locks of another lock directory (an earlier version's, under a
+        provider root), then remove it."""
+        if not self.switching or not old_dir.is_dir():
+            return
+        for lock in old_dir.iterdir():
+            # Another process starting at the same moment may adopt the same locks.
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
+                if lock.name.isdigit():
+                    self._take(int(lock.name), lock.read_bytes())
+                lock.unlink()
+        with contextlib.suppress(OSError):
+            old_dir.rmdir()
+
+    def _take(self, uid: int, owner: bytes) -> None:
+        """Record `uid` as taken (FileExistsError when it already is)."""
+        fd = os.open(
+            self.lock_dir / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+        )
+        try:
+            os.write(fd, owner)
+        finally:
+            os.close(fd)
 
     def release(self, uid: int) -> None:
         """Give `uid` back; only once nothing runs as it any more."""

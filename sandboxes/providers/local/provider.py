@@ -108,6 +108,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         # One lock directory for the whole host, not per root: two providers with different
         # roots must never hand the same host uid to two live jails.
         self._identities = HostIdentities(Path(host_uid_lock_dir), host_uid_base, host_uid_count)
+        # Jails started by an earlier version recorded their uids under the root: carry
+        # those locks over, so no new jail takes a uid a live one still runs as.
+        self._identities.adopt(shared / "uids")
         if self._identities.switching:
             check_passable(self.root_dir)
         self._cgroup_bases = jail.cgroup_bases()
