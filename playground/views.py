@@ -22,7 +22,6 @@ from common.errors import NotFound
 from sandboxes import file_services
 from sandboxes import services as sandbox_services
 from sandboxes.models import Sandbox
-from sandboxes.routing import websocket_urlpatterns
 from sandboxes.selectors import sandbox_get_for_principal
 from sandboxes.serializers import SandboxOutput, file_entry_data
 
@@ -64,13 +63,6 @@ def _initial_listing(sandbox: Sandbox) -> list[dict[str, object]] | None:
     return [file_entry_data(entry) for entry in entries]
 
 
-def _ws_route_exists(suffix: str) -> bool:
-    """Whether the real-time layer serves a sandbox WebSocket route ending in `suffix`."""
-    return any(
-        str(getattr(p, "pattern", "")).rstrip("/$").endswith(suffix) for p in websocket_urlpatterns
-    )
-
-
 def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Signed-in staff only: anonymous users go to the login page, others get a 403."""
 
@@ -103,7 +95,6 @@ def playground(request: HttpRequest, sandbox_id: str) -> HttpResponse:
         sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
     except NotFound as exc:
         raise Http404("No such sandbox.") from exc
-    exec_ws = f"/ws/sandboxes/{sandbox.id}/exec" if _ws_route_exists("/exec") else None
     return render(
         request,
         "playground/playground.html",
@@ -113,7 +104,7 @@ def playground(request: HttpRequest, sandbox_id: str) -> HttpResponse:
             "page_data": {
                 "sandbox": SandboxOutput(sandbox).data,
                 "events_ws_path": f"/ws/sandboxes/{sandbox.id}/events",
-                "exec_ws_path": exec_ws,
+                "exec_ws_path": f"/ws/sandboxes/{sandbox.id}/exec",
                 "stats_interval_ms": STATS_INTERVAL_MS,
                 "files": _initial_listing(sandbox),
                 "plan": plan_offer(principal),
