@@ -21,10 +21,9 @@ from accounts.permissions import principal_of
 from common.errors import ApplicationError, Conflict
 from common.exception_handler import api_exception_handler
 from sandboxes import file_services, services, snapshots
-from sandboxes.apis import MAX_IDEMPOTENCY_KEY, RawBytesParser
-from sandboxes.apis import _fingerprint as request_fingerprint
-from sandboxes.apis import _stored as stored_response
-from sandboxes.caller import Caller, StoredResponse, request_begin, request_finish
+from sandboxes.apis import RawBytesParser
+from sandboxes.caller import Caller
+from sandboxes.idempotent_requests import once_per_key
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers.base import FileNotFound
 from sandboxes.selectors import sandbox_get_for_principal, sandboxes_for_org
@@ -110,22 +109,8 @@ class SandboxesApi(E2BApi):
         provider_name, template = translate.template_resolve(
             str(body.get("templateID") or ""), principal.organization
         )
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
-            raise ApplicationError(
-                f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
-                code="validation_error",
-            )
-        begun = request_begin(
-            principal, key=key, fingerprint=request_fingerprint(request) if key is not None else ""
-        )
-        if isinstance(begun, StoredResponse):
-            replay = HttpResponse(
-                begun.body, status=begun.status_code, content_type=begun.content_type
-            )
-            replay["Idempotent-Replayed"] = "true"
-            return replay
-        try:
+
+        def create(caller: Caller) -> HttpResponse:
             sandbox = services.sandbox_create(
                 principal=principal,
                 provider_name=provider_name,
@@ -134,18 +119,15 @@ class SandboxesApi(E2BApi):
                 network=body.get("allow_internet_access") is True,
                 env=_string_map(body.get("envVars"), "envVars"),
                 metadata=_string_map(body.get("metadata"), "metadata"),
-                caller=begun,
+                caller=caller,
             )
-            token = _access_token(begun, sandbox)
-            response = Response(
+            token = _access_token(caller, sandbox)
+            return Response(
                 translate.sandbox_created(sandbox, access_token=token),
                 status=status.HTTP_201_CREATED,
             )
-        except BaseException:
-            request_finish(principal, key=key, response=None)
-            raise
-        request_finish(principal, key=key, response=stored_response(response))
-        return response
+
+        return once_per_key(request, create)
 
     def get(self, request: Request) -> Response:
         states = {s for s in request.query_params.get("state", "").split(",") if s} or {"running"}

@@ -5,7 +5,6 @@ answered here and never reaches a service), calls one service with the Caller, r
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
@@ -15,7 +14,6 @@ from django.http.response import HttpResponseBase
 from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import parsers, serializers, status
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -27,12 +25,12 @@ from common.pagination import CursorlessPagination
 
 from . import code_services, file_services, process_services, services
 from . import serializers as s
-from .caller import Caller, StoredResponse, request_begin, request_finish
+from .caller import Caller
+from .idempotent_requests import once_per_key
 from .models import Sandbox
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
 from .snapshots import snapshot_get_for_principal
 
-MAX_IDEMPOTENCY_KEY = 255
 PATH_PARAM = OpenApiParameter(
     "path", str, description="Relative to /workspace, or absolute under /workspace or /tmp"
 )
@@ -123,60 +121,8 @@ class SandboxApi(APIView):
         )
 
     def operate(self, request: Any, run: Callable[[Caller], HttpResponse]) -> HttpResponse:
-        """Run `run(caller)` once per Idempotency-Key: a retry of a finished request gets
-        the stored response (Idempotent-Replayed: true) and runs and counts nothing."""
-        principal: Principal = principal_of(request)
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and (not key or len(key) > MAX_IDEMPOTENCY_KEY):
-            raise ApplicationError(
-                f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters.",
-                code="validation_error",
-            )
-        begun = request_begin(
-            principal, key=key, fingerprint=_fingerprint(request) if key is not None else ""
-        )
-        if isinstance(begun, StoredResponse):
-            replay = HttpResponse(
-                begun.body, status=begun.status_code, content_type=begun.content_type
-            )
-            replay["Idempotent-Replayed"] = "true"
-            return replay
-        try:
-            response = run(begun)
-        except BaseException:
-            request_finish(principal, key=key, response=None)
-            raise
-        request_finish(
-            principal, key=key, response=None if response.status_code >= 400 else _stored(response)
-        )
-        return response
-
-
-def _fingerprint(request: Any) -> str:
-    digest = hashlib.sha256()
-    digest.update(request.method.encode())
-    digest.update(request.get_full_path().encode())
-    digest.update(_body_as_read(request))
-    return digest.hexdigest()
-
-
-def _body_as_read(request: Any) -> bytes:
-    """The request body as the view read it. File content is parsed from the stream, after
-    which Django refuses request.body; JSON is parsed from request.body."""
-    if request.method in ("GET", "HEAD"):
-        return b""
-    data = request.data
-    return data if isinstance(data, bytes) else bytes(request.body)
-
-
-def _stored(response: HttpResponse) -> StoredResponse:
-    if isinstance(response, Response):
-        body = JSONRenderer().render(response.data)
-        content_type = "application/json"
-    else:
-        body = response.content
-        content_type = response.get("Content-Type", "application/octet-stream")
-    return StoredResponse(status_code=response.status_code, body=body, content_type=content_type)
+        """Run `run(caller)` once per Idempotency-Key (sandboxes/idempotent_requests.py)."""
+        return once_per_key(request, run)
 
 
 def _no_tokens(principal: Principal) -> None:
