@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine
-from functools import partial
 from typing import Any, cast
 
-from asgiref.typing import WebSocketReceiveEvent, WebSocketSendEvent
+from asgiref.typing import WebSocketReceiveEvent
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 
@@ -31,31 +29,6 @@ logger = logging.getLogger(__name__)
 
 METER_FLUSH_S = 1.0
 """How often typed executions are recorded (and the next ones re-authorized)."""
-
-
-async def _resume(sending: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
-    """Finish a coroutine that suspended on `waiting_on`, as a Task would: resume it each
-    time what it waits for is done (it reads the outcome from its own future)."""
-    loop = asyncio.get_running_loop()
-    try:
-        while True:
-            if isinstance(waiting_on, asyncio.Future):
-                done: asyncio.Future[None] = loop.create_future()
-                waiting_on.add_done_callback(partial(_wake, done))
-                await done
-            else:
-                await asyncio.sleep(0)
-            try:
-                waiting_on = sending.send(None)
-            except StopIteration:
-                return
-    finally:
-        sending.close()
-
-
-def _wake(done: asyncio.Future[None], _awaited: object) -> None:
-    if not done.done():
-        done.set_result(None)
 
 
 class TerminalConsumer(OutboundConsumer):
@@ -110,56 +83,8 @@ class TerminalConsumer(OutboundConsumer):
 
     # TerminalClient ---------------------------------------------------------------------------
 
-    _held: list[Any] | None = None
-    """What is enqueued while a send started by terminal_output is still under way."""
-
     def terminal_output(self, data: bytes) -> None:
-        """The shell's bytes. With nothing queued and the pump idle, they leave at once, from
-        the reader's callback: through the pump, every chunk would wait one more turn of the
-        loop (its wake-up). Otherwise they join the queue, which keeps the order."""
-        waiter = getattr(self, "_out_wakeup", None)
-        if self._held is None and waiter is not None and not waiter.done() and not self._out:
-            self._send_now(data)
-        else:
-            self.enqueue(data)
-
-    def _send_now(self, data: bytes) -> None:
-        # daphne's send writes the frame to the transport without waiting for anything, so
-        # this returns after one step; tests/realtime/test_terminal_output.py holds that.
-        sending = self.base_send(
-            cast(WebSocketSendEvent, {"type": "websocket.send", "bytes": data})
-        )
-        if not isinstance(sending, Coroutine):
-            self._hold_until(sending)
-            return
-        try:
-            waiting_on = sending.send(None)
-        except StopIteration:
-            return
-        except Exception:
-            logger.exception("could not send terminal output")
-            self.enqueue((CLOSE, 1011))
-            return
-        # A server whose send does wait: finish it in a task; what comes meanwhile waits.
-        self._hold_until(_resume(sending, waiting_on))
-
-    def _hold_until(self, sending: Awaitable[Any]) -> None:
-        self._held = []
-        self.spawn(self._release_after(sending))
-
-    async def _release_after(self, sending: Awaitable[Any]) -> None:
-        try:
-            await sending
-        finally:
-            held, self._held = self._held or [], None
-            for item in held:
-                self.enqueue(item)
-
-    def enqueue(self, item: Any) -> None:
-        if self._held is not None:
-            self._held.append(item)
-            return
-        super().enqueue(item)
+        self.enqueue(data)
 
     def terminal_exited(self, code: int | None) -> None:
         self.enqueue({"type": "exit", "code": code})
