@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from functools import cache
-
-from django.db import connection
 from django.db.models import F, Q, QuerySet
 
 from accounts.authentication import Principal
 from accounts.models import Organization
 from common.errors import NotFound
+from common.rows import RowLookup
 
 from .models import Sandbox, Template
 
@@ -20,25 +18,16 @@ def sandbox_get_for_principal(*, principal: Principal, sandbox_id: str) -> Sandb
     if not principal.allows_sandbox(sandbox_id):
         raise NotFound("No such sandbox.", code="sandbox_not_found")
     # By the organization's id: a principal may not have loaded the organization itself.
-    for sandbox in Sandbox.objects.raw(
-        _sandbox_by_id_sql(), [sandbox_id, principal.organization_id]
-    ):
-        return sandbox
-    raise NotFound("No such sandbox.", code="sandbox_not_found")
+    sandbox = SANDBOX_BY_ID_AND_ORGANIZATION.get(sandbox_id, principal.organization_id)
+    if sandbox is None:
+        raise NotFound("No such sandbox.", code="sandbox_not_found")
+    return sandbox
 
 
-@cache
-def _sandbox_by_id_sql() -> str:
-    """`Sandbox.objects.get(pk=..., organization_id=...)` as the ORM would write it. Every
-    sandbox request makes this lookup, and compiling the query anew each time was a third
-    of a sandbox read's CPU time; the statement never changes, so it is written once from
-    the model's fields (tests/sandboxes/test_sandbox_api.py compares it with the ORM)."""
-    quote = connection.ops.quote_name
-    meta = Sandbox._meta
-    columns = ", ".join(quote(field.column) for field in meta.concrete_fields)
-    where = f"{quote(meta.pk.column)} = %s AND {quote(meta.get_field('organization').column)} = %s"
-    # Identifiers from the model, quoted; the values are parameters.
-    return f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {where}"  # noqa: S608
+SANDBOX_BY_ID_AND_ORGANIZATION = RowLookup(Sandbox, "pk", "organization")
+"""`Sandbox.objects.get(pk=..., organization_id=...)`, written once (common/rows.py): every
+sandbox request makes this lookup (tests/sandboxes/test_sandbox_api.py compares it with
+the ORM's)."""
 
 
 def sandboxes_for_org(
