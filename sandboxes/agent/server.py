@@ -13,7 +13,7 @@ import resource
 import sys
 import time
 
-from . import PROTOCOL, execute, files, ports, procs, sessions, spawn, terminal
+from . import PROTOCOL, execute, files, ports, procs, spawn, terminal
 from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
 from .wire import CHUNK, AgentError, json_loads, read_line, recv_exact, send_line, socket, try_send
 
@@ -88,8 +88,25 @@ OPS: dict[str, Callable[[Any, dict], None]] = {
     "connect": ports.op_connect,
     "ping": op_ping,
     **files.OPS,
-    **sessions.OPS,
 }
+"""With the session ops (``session_*``), which `find_op` adds on first use."""
+
+
+def find_op(name: str) -> Callable[[Any, dict], None] | None:
+    op = OPS.get(name)
+    if op is None and name.startswith("session_"):
+        load_sessions()
+        op = OPS.get(name)
+    return op
+
+
+def load_sessions() -> None:
+    """Import the session ops: ~3 ms of a cold jail's start-up CPU (sessions.py and its
+    termios, fcntl, struct and collections) that most sandboxes never use. A warm jail
+    loads them while it waits in the pool, so a claimed one never pays for it."""
+    from . import sessions
+
+    OPS.update(sessions.OPS)
 
 
 def handle(conn: socket.socket) -> None:
@@ -107,7 +124,7 @@ def handle(conn: socket.socket) -> None:
             body = rest[:n] + (recv_exact(conn, n - len(rest)) if n > len(rest) else b"")
             (execute.op_exec if name == "exec" else files.op_write)(conn, req, body)
             return
-        op = OPS.get(name) if isinstance(name, str) else None
+        op = find_op(name) if isinstance(name, str) else None
         if op is None:
             raise AgentError("invalid_request", f"unknown op {name!r}")
         # _Prefixed stands in for the socket: the ops only recv, send and take its fileno.
@@ -196,6 +213,7 @@ def main() -> None:
     _thread.start_new_thread(REAPER.run, ())
     if CONFIG.get("config_fd") is not None:  # nothing the jail runs may inherit it
         os.set_inheritable(CONFIG["config_fd"], False)
+        load_sessions()  # a warm jail: idle until claimed, so now rather than on first use
     ready_fd = CONFIG.get("ready_fd")
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")
