@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from tests.realtime.conftest import (  # noqa: F401 - fixtures
+    SERVER_INSTALLATION,
     daphne_server,
     django_db_modify_db_settings,
     rt_api_a,
@@ -39,7 +40,7 @@ def usage(organization) -> Counter[str]:  # type: ignore[no-untyped-def]
     from billing.services import usage_flush
 
     # The server meters under its own installation's keys (tests/realtime/conftest.py).
-    with override_settings(SANDPIT_INSTALLATION="pytest-realtime"):
+    with override_settings(SANDPIT_INSTALLATION=SERVER_INSTALLATION):
         usage_flush()
     return Counter(
         UsageEvent.objects.filter(organization=organization).values_list("operation", flat=True)

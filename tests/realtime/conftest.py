@@ -23,6 +23,9 @@ from tests.requirements import jail_root, missing_part
 ROOT = Path(__file__).resolve().parents[2]
 # The production launcher: daphne with the request-body ceiling (playground/webserver.py).
 WEBSERVER = [sys.executable, "-m", "playground.webserver"]
+SERVER_INSTALLATION = f"pytest-realtime-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+"""The test server's installation name, which its meter keys in Redis carry: one per xdist
+worker, whose test databases give organizations the same ids."""
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +101,7 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         "SANDPIT_SNAPSHOT_DIR": str(tmp_path_factory.mktemp("rt-snapshots")),
         "SANDPIT_PROVIDERS": os.environ.get("SANDPIT_PROVIDERS", "local"),
         "SANDPIT_DEFAULT_PROVIDER": "local",
-        "SANDPIT_INSTALLATION": "pytest-realtime",
+        "SANDPIT_INSTALLATION": SERVER_INSTALLATION,
         # One daphne, not one per core: a test reads its memory by its pid.
         "SANDPIT_WEB_PROCESSES": "1",
         # These suites test the path form (/sandboxes/<id>/ports/<port>/); the host form is

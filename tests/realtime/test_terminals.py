@@ -7,7 +7,7 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from .conftest import TerminalOutput, open_terminal
+from .conftest import SERVER_INSTALLATION, TerminalOutput, open_terminal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,7 +119,7 @@ def test_each_enter_counts_one_execution(server, rt_api_a, key_a, sbx_a, org_a, 
     from billing.metering import get_meter
     from billing.pricing import period_start
 
-    settings.SANDPIT_INSTALLATION = "pytest-realtime"  # the daphne's meter keys
+    settings.SANDPIT_INSTALLATION = SERVER_INSTALLATION  # the daphne's meter keys
 
     def executions() -> int:
         now = timezone.now()
