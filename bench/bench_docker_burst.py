@@ -9,7 +9,9 @@ before the product's burst). The pool refills between samples (pauses), so its r
 does not slow the floor down; a burst larger than the pool goes cold for the rest.
 
 Run:  .venv/bin/python bench/bench_docker_burst.py [--sequential 10] [--burst 50]
-      [--pool 4] [--concurrency 3] [--only on|off]
+      [--pool 4] [--concurrency 3] [--only on|off] [--bursts N] [--pool-max M]
+--bursts N repeats the burst, each after the engine's container count held still: the pool
+grows to the bursts it saw, up to --pool-max (SANDPIT_DOCKER_POOL_MAX; server default 32).
 Only the ratios travel between machines.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import httpx
 from _server import bench_env, create_org_and_key, daphne, ensure_database
@@ -52,19 +55,40 @@ async def measure(port: int, key: str, args: argparse.Namespace) -> list[tuple[s
         rows.append(("one after another", *_row(product, floor)))
         await asyncio.sleep(PAUSE_S * 3)
 
-        floor = list(await asyncio.gather(*(floor_once("docker") for _ in range(args.burst))))
-        await asyncio.sleep(PAUSE_S * 3)
-        results = await asyncio.gather(
-            *(product_once(client, "docker", created) for _ in range(args.burst)),
-            return_exceptions=True,
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        product = [r for r in results if isinstance(r, float)]
-        await destroy_all(client, created)
-        rows.append((f"{args.burst} at once ({len(errors)} errors)", *_row(product, floor)))
-        for error in errors[:3]:
-            print("error:", error)
+        for burst in range(1, args.bursts + 1):
+            if burst > 1:  # the pool grows to the burst it saw (burst_sizing.py): let it
+                await containers_settled()
+            floor = list(await asyncio.gather(*(floor_once("docker") for _ in range(args.burst))))
+            await asyncio.sleep(PAUSE_S * 3)
+            results = await asyncio.gather(
+                *(product_once(client, "docker", created) for _ in range(args.burst)),
+                return_exceptions=True,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            product = [r for r in results if isinstance(r, float)]
+            await destroy_all(client, created)
+            name = f"{args.burst} at once{f' #{burst}' if args.bursts > 1 else ''}"
+            rows.append((f"{name} ({len(errors)} errors)", *_row(product, floor)))
+            for error in errors[:3]:
+                print("error:", error)
     return rows
+
+
+async def containers_settled() -> None:
+    """Until the engine's number of running containers held still for 3 s (or 180 s)."""
+    deadline = time.monotonic() + 180
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        ps = await asyncio.create_subprocess_exec(
+            "docker", "ps", "-q", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await ps.communicate()
+        running = len(out.split())
+        if running != last:
+            last, since = running, time.monotonic()
+        elif time.monotonic() - since >= 3:
+            return
+        await asyncio.sleep(0.5)
 
 
 def main() -> None:
@@ -74,6 +98,8 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--only", choices=["on", "off"])
+    parser.add_argument("--bursts", type=int, default=1)
+    parser.add_argument("--pool-max", type=int, default=None)
     args = parser.parse_args()
     configs = {"off": (0, 0), "on": (args.pool, args.concurrency)}
     table: list[tuple[str, ...]] = []
@@ -87,6 +113,9 @@ def main() -> None:
                 "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
                 "SANDPIT_DOCKER_POOL_SIZE": str(pool),
                 "SANDPIT_DOCKER_CREATE_CONCURRENCY": str(concurrency),
+                **(
+                    {} if args.pool_max is None else {"SANDPIT_DOCKER_POOL_MAX": str(args.pool_max)}
+                ),
             }
         )
         ensure_database(env)

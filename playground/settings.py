@@ -330,6 +330,10 @@ SANDPIT_DOCKER_IMAGE = env_str("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
 # claim (0: none; sandboxes/providers/docker/pool.py), and how many cold creates one process
 # runs against one engine at once (0: no limit; a short queue halves a burst's median).
 SANDPIT_DOCKER_POOL_SIZE = env_int("SANDPIT_DOCKER_POOL_SIZE", 4)
+# How far that pool may grow after creates found it empty (a burst), back to the size after
+# 10 quiet minutes (sandboxes/providers/burst_sizing.py). An idle one costs the host ~17 MiB
+# (4 in the container, 13 in its containerd shim).
+SANDPIT_DOCKER_POOL_MAX = env_int("SANDPIT_DOCKER_POOL_MAX", 32)
 SANDPIT_DOCKER_CREATE_CONCURRENCY = env_int("SANDPIT_DOCKER_CREATE_CONCURRENCY", 3)
 # Templates (sandboxes/templates.py): where their read-only root file systems live (jail
 # uids must be able to pass through every directory above it), how builds run ('celery',

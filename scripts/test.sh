@@ -45,6 +45,9 @@ export SANDPIT_PROVIDERS=${SANDPIT_PROVIDERS:-local,docker}
 # One pooled docker container per process: the pool is exercised by every docker test through
 # the API, without each provider a test builds starting four containers in the background.
 export SANDPIT_DOCKER_POOL_SIZE=${SANDPIT_DOCKER_POOL_SIZE:-1}
+# Nor grow after tests that create several at once (tests/sandboxes/test_docker_pool.py
+# tests the growth): the suite's engine would start containers no test claims.
+export SANDPIT_DOCKER_POOL_MAX=${SANDPIT_DOCKER_POOL_MAX:-1}
 export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
 # Local jails run as unprivileged host uids that must pass through every directory above their
 # root; a checkout may sit under a private (0700) directory, so tests keep jails elsewhere.

@@ -114,6 +114,7 @@ def _build_docker() -> SandboxProvider:
         gvisor_network_runtime=settings.SANDPIT_DOCKER_GVISOR_NETWORK_RUNTIME,
         agent_dir=settings.VAR_DIR / "docker-agents",
         pool_size=settings.SANDPIT_DOCKER_POOL_SIZE,
+        pool_max=settings.SANDPIT_DOCKER_POOL_MAX,
         create_concurrency=settings.SANDPIT_DOCKER_CREATE_CONCURRENCY,
     )
 

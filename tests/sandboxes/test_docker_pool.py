@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -278,6 +279,7 @@ def test_settings_size_the_pool_and_reset_closes_it(settings):
     settings.SANDPIT_INSTALLATION = "pytest-pool-" + uuid.uuid4().hex[:8]
     settings.SANDPIT_DOCKER_IMAGE = image
     settings.SANDPIT_DOCKER_POOL_SIZE = 1
+    settings.SANDPIT_DOCKER_POOL_MAX = 5
     settings.SANDPIT_DOCKER_CREATE_CONCURRENCY = 2
     reset_providers()
     try:
@@ -285,7 +287,7 @@ def test_settings_size_the_pool_and_reset_closes_it(settings):
         provider = next(iter(getattr(built, "providers", {"": built}).values()))
         assert isinstance(provider, DockerProvider) and provider.pool is not None
         pool = provider.pool
-        assert pool.size == 1 and provider._gate.limit == 2
+        assert pool.size == 1 and pool.max_size == 5 and provider._gate.limit == 2
         assert pool.wait_full(FILL_S)
         (idle,) = pool.idle_ids()
         reset_providers()  # closes it: the idle container goes
@@ -352,3 +354,55 @@ def test_a_server_that_exits_removes_its_pool():
     finally:
         for cid in left:
             viewer.destroy(cid)
+
+
+def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]
+    """Creates that found the pool empty raise its target (at most its max); it refills
+    towards it once they are done, and removes the surplus after a quiet spell."""
+    from sandboxes.providers import burst_sizing
+
+    image = docker_provider_or_skip().image
+    provider = DockerProvider(
+        image=image,
+        installation=TEST_INSTALLATION,
+        pool_size=1,
+        pool_max=3,
+        create_concurrency=2,
+    )
+    made: list[str] = []
+    try:
+        pool = provider.pool
+        assert pool is not None
+        made.append(provider.create(SandboxSpec(sandbox_id=new_id())).provider_id)
+        assert pool.target() == 1  # the first create fills it: no miss
+        assert pool.wait_full(FILL_S)
+        with ThreadPoolExecutor(4) as burst:  # one claims the idle container, three go cold
+            specs = [SandboxSpec(sandbox_id=new_id()) for _ in range(4)]
+            made.extend(handle.provider_id for handle in burst.map(provider.create, specs))
+        assert pool.target() == 3  # 1 + 3 misses, at most pool_max
+        assert pool.wait_full(FILL_S)
+        idle = pool.idle_ids()
+        assert len(idle) == 3
+        # Quiet long enough: back to the floor, the surplus removed from the engine.
+        monkeypatch.setattr(burst_sizing, "DECAY_S", 0.0)
+        assert pool.target() == 1
+        pool._wake()
+        deadline = time.monotonic() + FILL_S
+        while pool.idle_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.idle_count() == 1
+        removed = set(idle) - set(pool.idle_ids())
+        assert len(removed) == 2
+        for cid in removed:  # taken from the pool first, then removed from the engine
+            while time.monotonic() < deadline:
+                try:
+                    provider._inspect(cid)
+                except SandboxGone:
+                    break
+                time.sleep(0.05)
+            with pytest.raises(SandboxGone):
+                provider._inspect(cid)
+    finally:
+        for provider_id in made:
+            provider.destroy(provider_id)
+        provider.close()

@@ -484,7 +484,7 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
 
 def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]
     # The pool's sizing alone, with stand-in jails whose start waits for a gate.
-    from sandboxes.providers.local import pool as pool_module
+    from sandboxes.providers import burst_sizing
     from sandboxes.providers.local.pool import WarmJail, WarmPool
 
     gate = threading.Event()
@@ -509,7 +509,7 @@ def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: igno
         assert pool.wait_full(10)
         assert pool.idle_count() == 6
         # Quiet long enough: back to the floor, the surplus destroyed.
-        monkeypatch.setattr(pool_module, "DECAY_S", 0.0)
+        monkeypatch.setattr(burst_sizing, "DECAY_S", 0.0)
         assert pool.target() == 2
         with pool._cond:
             pool._cond.notify_all()

@@ -34,6 +34,10 @@ fifty start at once on two cores); a claimed one answers its first command at on
 * **Refilling** runs in `refill_concurrency` daemon threads and gives way to users: it
   waits while cold creates are in flight (a burst larger than the pool) and for a short
   quiet moment after a claim while idle containers remain.
+* **Bursts.** `size` is the pool's floor. After a burst of creates that found it empty it
+  refills towards the burst's size, at most `max_size`, once the burst's cold creates are
+  done, and removes the surplus after a quiet spell (sandboxes/providers/burst_sizing.py):
+  the next burst of that size finds its containers started.
 
 `CreateGate` bounds the cold creates in flight against one Engine. Fifty creates at once
 share two cores; started together, all of them finish near the end (every first command
@@ -70,6 +74,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
+from sandboxes.providers.burst_sizing import BurstSizing
 
 from .claims import (
     LEASE_S,
@@ -175,8 +180,9 @@ class PooledContainer:
 
 
 class DockerPool:
-    """Up to `size` idle containers of `provider`'s common spec, thread-safe (see the
-    module docstring). `claim(spec, labels)` hands one to one caller only."""
+    """`size` idle containers of `provider`'s common spec (up to `max_size` after a burst),
+    thread-safe (see the module docstring). `claim(spec, labels)` hands one to one caller
+    only."""
 
     def __init__(
         self,
@@ -184,9 +190,11 @@ class DockerPool:
         size: int,
         gate: CreateGate,
         refill_concurrency: int = 2,
+        max_size: int | None = None,
     ) -> None:
         self.provider = provider
         self.size = size
+        self.max_size = max(size, max_size or 0)
         self.gate = gate
         self.refill_concurrency = max(1, refill_concurrency)
         self._reset()
@@ -205,6 +213,7 @@ class DockerPool:
         self._threads: list[threading.Thread] = []
         self._swept = False
         self._sweep_lock = threading.Lock()
+        self._sizing = BurstSizing(self.size, self.max_size)
 
     # -- public --------------------------------------------------------------------------
 
@@ -216,11 +225,16 @@ class DockerPool:
         with self._cond:
             return [warm.cid for warm in self._idle]
 
+    def target(self) -> int:
+        """How many idle containers the pool refills to now (`size`, more after a burst)."""
+        with self._cond:
+            return self._sizing.target()
+
     def wait_full(self, timeout_s: float) -> bool:
-        """Start filling if not yet, and wait until `size` containers are idle."""
+        """Start filling if not yet, and wait until the target of containers are idle."""
         with self._cond:
             self._wake_locked()
-            return self._cond.wait_for(lambda: len(self._idle) >= self.size, timeout_s)
+            return self._cond.wait_for(lambda: len(self._idle) >= self._sizing.target(), timeout_s)
 
     def claim(self, spec: SandboxSpec, labels: Mapping[str, str]) -> SandboxHandle | None:
         """The sandbox `spec` in a pool container, or None (not poolable, pool empty, or
@@ -231,6 +245,8 @@ class DockerPool:
         while True:
             with self._cond:
                 if self._closed or not self._idle:
+                    if not self._closed and self._threads:  # not the first create: a miss
+                        self._sizing.miss()
                     self._wake_locked()
                     return None
                 warm = self._idle.pop(0)
@@ -356,7 +372,11 @@ class DockerPool:
         self._cond.notify_all()
 
     def _wanted_locked(self) -> bool:
-        return self._closed or len(self._idle) + self._starting < self.size
+        """Whether a refill thread has work: closing, containers to start, or a burst's
+        surplus to remove."""
+        target = self._sizing.target()
+        idle = len(self._idle)
+        return self._closed or idle + self._starting < target or idle > target
 
     def _run(self) -> None:
         self._sweep_once()
@@ -366,6 +386,8 @@ class DockerPool:
                 if self._closed:
                     return
                 stale = self._pop_stale_locked()
+                if stale is None and len(self._idle) > self._sizing.target():
+                    stale = self._idle.pop()  # a burst's surplus, once the target fell
                 if stale is None and not self._wanted_locked():
                     continue
                 if stale is None:

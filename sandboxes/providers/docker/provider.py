@@ -97,12 +97,14 @@ class DockerProvider(DockerCreate):
         relay: bool = False,
         tls: Any = None,
         pool_size: int = 0,
+        pool_max: int = 0,
         create_concurrency: int = 0,
     ) -> None:
         """`relay=True` reaches every agent through `docker exec` even with a local engine
         (what remote engines and gVisor sandboxes always do; tests force it to cover it).
         `tls`: a docker.tls.TLSConfig for a tcp:// engine (engines.py builds it).
-        `pool_size`: containers kept started for `create` to claim (0: none; pool.py);
+        `pool_size`: containers kept started for `create` to claim (0: none; pool.py), and
+        `pool_max` how many it may grow to after a burst;
         `create_concurrency`: cold creates at once against the Engine (0: no limit)."""
         self.image = image
         self.runtime = runtime
@@ -121,7 +123,9 @@ class DockerProvider(DockerCreate):
         self._targets: dict[str, AgentTarget] = {}
         self._cpu_samples: dict[str, tuple[int, int]] = {}
         self._gate = CreateGate(create_concurrency)
-        self.pool = DockerPool(self, pool_size, self._gate) if pool_size > 0 else None
+        self.pool = (
+            DockerPool(self, pool_size, self._gate, max_size=pool_max) if pool_size > 0 else None
+        )
 
     def close(self) -> None:
         """Remove the pool's unclaimed containers and stop refilling (also done at exit)."""

@@ -22,15 +22,11 @@ jails start in a background cgroup (idle CPU priority), so a refill running besi
 of creates takes the cores only when the creates leave them idle; one worker alone took
 about 10 s to refill 100 jails here, so a second burst would have started cold.
 
-Bursts: `size` is the pool's floor. Each create that finds it empty goes cold and counts
-as a miss; the pool's target rises to `size` plus the misses of the last `BURST_WINDOW_S`
-(at most `max_size`), so after a burst of 100 creates it refills, in the background and at
-idle priority, towards 100 and the next burst of that size finds its jails warm. A jail
-started cold costs the same CPU as a warm one, but in the burst, on its critical path; a
-warm one is started while the host is otherwise idle (an idle jail holds ~4 MiB). With no
-miss for `DECAY_S` the target falls back to `size` and the surplus jails are destroyed.
-A steady stream of creates that the refills keep up with never misses, so it does not grow
-the pool.
+Bursts: `size` is the pool's floor; after a burst of creates that found it empty the pool
+refills, in the background and at idle priority, towards the burst's size, at most
+`max_size`, and shrinks back after a quiet spell (sandboxes/providers/burst_sizing.py). A
+jail started cold costs the same CPU as a warm one, but in the burst, on its critical path;
+a warm one is started while the host is otherwise idle (an idle jail holds ~4 MiB).
 """
 
 from __future__ import annotations
@@ -42,11 +38,12 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sandboxes.providers import burst_sizing
+from sandboxes.providers.burst_sizing import BurstSizing
 from sandboxes.providers.local import jail
 
 logger = logging.getLogger(__name__)
@@ -60,10 +57,6 @@ _REFILL_QUIET_S = 0.1
 commands do not compete with starting its replacement in this process (its thread, its
 cgroup and mount work): about 2 ms of the first API command here. With the pool empty the
 refill starts at once, since the next create would go cold."""
-BURST_WINDOW_S = 30.0
-"""Misses (creates that found the pool empty) this recent raise the pool's target."""
-DECAY_S = 600.0
-"""With no miss for this long the target returns to the pool's floor."""
 
 
 def pool_name(owner_pid: int, owner_ticks: int) -> str:
@@ -133,9 +126,7 @@ class WarmPool:
         self._failures = 0
         self._last_claim = 0.0
         self._threads: list[threading.Thread] = []
-        self._target = self.size
-        self._misses: deque[float] = deque()
-        self._missed_at = 0.0
+        self._sizing = BurstSizing(self.size, self.max_size)
 
     def idle_count(self) -> int:
         """Unclaimed jails ready now."""
@@ -145,14 +136,13 @@ class WarmPool:
     def target(self) -> int:
         """How many idle jails the pool refills to now (`size`, more after a burst)."""
         with self._cond:
-            self._decay_locked(time.monotonic())
-            return self._target
+            return self._sizing.target()
 
     def wait_full(self, timeout_s: float) -> bool:
         """Block until the pool holds its target of idle jails; False after `timeout_s`."""
         with self._cond:
             self._wake_locked()
-            return self._cond.wait_for(lambda: len(self._idle) >= self._target, timeout_s)
+            return self._cond.wait_for(lambda: len(self._idle) >= self._sizing.target(), timeout_s)
 
     def claim(self, adopt: Callable[[WarmJail], T]) -> T | None:
         """`adopt(warm)` on an idle jail; None when the pool is empty or adopting
@@ -160,7 +150,7 @@ class WarmPool:
         with self._cond:
             if self._closed or not self._idle:
                 if not self._closed and self._threads:  # not the first create: it fills it
-                    self._miss_locked(time.monotonic())
+                    self._sizing.miss()
                 self._wake_locked()
                 return None
             warm = self._idle.pop(0)
@@ -193,24 +183,11 @@ class WarmPool:
 
     # ------------------------------------------------------------------ target
 
-    def _miss_locked(self, now: float) -> None:
-        misses = self._misses
-        misses.append(now)
-        while misses and now - misses[0] > BURST_WINDOW_S:
-            misses.popleft()
-        self._target = max(self._target, min(self.max_size, self.size + len(misses)))
-        self._missed_at = now
-
-    def _decay_locked(self, now: float) -> None:
-        if self._target > self.size and now - self._missed_at > DECAY_S:
-            self._target = self.size
-            self._misses.clear()
-
     def _out_of_step_locked(self) -> bool:
         """Whether a refill worker has work: jails to start, or a surplus to destroy."""
-        self._decay_locked(time.monotonic())
+        target = self._sizing.target()
         idle = len(self._idle)
-        return idle + self._starting < self._target or idle > self._target
+        return idle + self._starting < target or idle > target
 
     # ------------------------------------------------------------------ refill
 
@@ -236,13 +213,14 @@ class WarmPool:
             with self._cond:
                 self._cond.wait_for(
                     lambda: self._closed or self._out_of_step_locked(),
-                    timeout=DECAY_S if self._target > self.size else None,
+                    timeout=burst_sizing.DECAY_S if self._sizing.grown() else None,
                 )
                 if self._closed:
                     return
-                if len(self._idle) > self._target:  # a burst's surplus, once it decayed
+                target = self._sizing.target()
+                if len(self._idle) > target:  # a burst's surplus, once it decayed
                     surplus = self._idle.pop()
-                elif len(self._idle) + self._starting >= self._target:
+                elif len(self._idle) + self._starting >= target:
                     continue
                 else:
                     quiet_for = time.monotonic() - self._last_claim
