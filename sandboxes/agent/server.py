@@ -220,8 +220,7 @@ def main() -> None:
         os.close(ready_fd)
     while True:
         try:
-            # socket's C accept: the fd alone, no Python socket object (the stub omits it).
-            fd, _ = server._accept()  # type: ignore[attr-defined]
+            conn, _ = server.accept()
         except InterruptedError:
             continue
         except OSError as exc:  # out of fds (its limit is the sandbox's): wait, do not die
@@ -229,7 +228,6 @@ def main() -> None:
                 raise
             time.sleep(0.05)
             continue
-        conn = socket.socket(fileno=fd)
         try:
             _thread.start_new_thread(handle, (conn,))
         except RuntimeError:  # out of pids: the fork bomb is still running

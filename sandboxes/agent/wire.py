@@ -6,7 +6,7 @@ A request is one JSON line; a reply is one JSON line (``{"ok": true, ...}`` or
 
 from __future__ import annotations
 
-import _socket as socket
+import socket
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
 TYPE_CHECKING = False
