@@ -75,10 +75,10 @@ def daphne(
     processes: int = 1,
     root: Path = ROOT,
 ):
-    """A server on a free port. `app` may name a module under bench/ (e.g. the bench's
-    own `_bench_asgi:application`, which adds a bare endpoint to the product's). With
-    `processes` > 1, the product's launcher runs that many on the port
-    (playground/webprocs.py). `root` serves another checkout of the project (e.g. a git
+    """A server on a free port, started by the product's launcher (playground/webserver.py).
+    `app` may name a module under bench/ (e.g. the bench's own `_bench_asgi:application`,
+    which adds a bare endpoint to the product's). With `processes` > 1, the launcher runs
+    that many on the port (playground/webprocs.py). `root` serves another checkout of the project (e.g. a git
     worktree of an earlier commit) with this interpreter, for before/after in one run."""
     port = free_port()
     env = {
@@ -88,9 +88,9 @@ def daphne(
             filter(None, [str(root / "bench"), str(root), env.get("PYTHONPATH")])
         ),
     }
-    server = [str(Path(PY).parent / "daphne")]
-    if processes > 1:
-        server = [PY, "-m", "playground.webserver", "--processes", str(processes)]
+    # The product's launcher (make run's): daphne with its body ceiling, uvloop and the
+    # warm pools started before the first request.
+    server = [PY, "-m", "playground.webserver", "--processes", str(processes)]
     proc = subprocess.Popen(
         [
             *server,

@@ -21,6 +21,7 @@ from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.utils.http import is_same_domain  # noqa: E402
 
 from e2bcompat.asgi import E2BRouter  # noqa: E402
+from playground.admission import CreateAdmission  # noqa: E402
 from sandboxes.preview.addresses import COOKIE_NAME as PREVIEW_COOKIE_NAME  # noqa: E402
 from sandboxes.preview.addresses import (  # noqa: E402
     HOST_TARGET,
@@ -188,7 +189,9 @@ class PreviewHostSockets:
 
 application = ProtocolTypeRouter(
     {
-        "http": E2BRouter(http_app(django_asgi_app)),
+        "http": E2BRouter(
+            CreateAdmission(http_app(django_asgi_app), settings.SANDPIT_WEB_CONCURRENT_CREATES)
+        ),
         "websocket": PreviewHostSockets(
             origin_checked(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
         ),

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 from typing import Any
 
 try:
@@ -113,6 +114,16 @@ class BodyLimitedWebRequest(WebRequest):
         return super().process()
 
 
+def start_providers_prepare() -> None:
+    """daphne's ready callable (it listens now): the warm pools start filling in a thread,
+    before the first request; building the docker provider waits for the engine."""
+    from sandboxes.services import providers_prepare
+
+    threading.Thread(
+        target=providers_prepare, name="sandpit-providers-prepare", daemon=True
+    ).start()
+
+
 class BodyLimitedHTTPFactory(HTTPFactory):
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
@@ -135,6 +146,10 @@ class SandpitServer(Server):
     @http_factory.setter
     def http_factory(self, _daphne_factory: HTTPFactory) -> None:
         self._body_limited_factory = BodyLimitedHTTPFactory(self)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ready_callable"] = kwargs.get("ready_callable") or start_providers_prepare
+        super().__init__(*args, **kwargs)
 
 
 class SandpitCommandLineInterface(CommandLineInterface):

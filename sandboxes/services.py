@@ -59,6 +59,7 @@ from .providers.base import (
     Resources,
     SandboxSpec,
     SandboxStats,
+    WarmPooled,
 )
 from .snapshot_store import archives_drop
 from .templates import template_for_sandbox
@@ -468,3 +469,30 @@ def providers_describe(organization: Organization) -> list[dict[str, Any]]:
         }
         providers.append(entry)
     return providers
+
+
+POOLED_PROVIDERS = ("local", "docker")
+"""Providers that keep warm pools (pre-started jails or containers) in each web process;
+built here, not the cloud ones (their construction may call out)."""
+
+
+def providers_prepare() -> list[str]:
+    """Build the enabled providers that keep warm pools and start filling them, so each
+    web process's pools fill while it waits for its first request rather than during it: with several processes on
+    one port, a burst's connections spread over all of them, and a process that had served
+    nothing yet started every one of its creates cold. Returns the names built; one that
+    cannot be built now (an engine down) is logged and left to the first create, which
+    reports why."""
+    built = []
+    for name in configured_provider_names():
+        if name not in POOLED_PROVIDERS:
+            continue
+        try:
+            provider = get_provider(name)
+        except ProviderError as exc:
+            logger.warning("provider %s not prepared: %s", name, exc.message)
+            continue
+        if isinstance(provider, WarmPooled):
+            provider.warm_pool_start()
+        built.append(name)
+    return built

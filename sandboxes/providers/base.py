@@ -406,6 +406,16 @@ class PortStream(Protocol):
 
 
 @runtime_checkable
+class WarmPooled(Protocol):
+    """A provider keeping started sandboxes for `create` to claim (local jails, docker
+    containers). Its pool fills from the first create on, or from `warm_pool_start`."""
+
+    def warm_pool_start(self) -> None:
+        """Start filling the pool now (a no-op without one)."""
+        ...
+
+
+@runtime_checkable
 class SandboxProvider(Protocol):
     """Every method is synchronous and may block; async callers use a thread.
 

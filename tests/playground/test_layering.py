@@ -132,6 +132,9 @@ FUNCTION_LEVEL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("sandboxes/providers/cloud/codesandbox.py", "httpx"): (
         "an optional SDK (the codesandbox extra)"
     ),
+    ("playground/webserver.py", "sandboxes.services"): (
+        "daphne's ready callable: the models load once daphne has imported the application"
+    ),
     ("sandboxes/agent/spawn.py", "ctypes"): AGENT_FIRST_USE,
     ("sandboxes/agent/inotify.py", "ctypes"): AGENT_FIRST_USE,
     ("sandboxes/agent/server.py", "sandboxes.agent.inotify"): AGENT_FIRST_USE,

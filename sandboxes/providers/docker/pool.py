@@ -230,6 +230,10 @@ class DockerPool:
         with self._cond:
             return self._sizing.target()
 
+    def start(self) -> None:
+        """Start filling now, before the first claim (a web process about to serve)."""
+        self._wake()
+
     def wait_full(self, timeout_s: float) -> bool:
         """Start filling if not yet, and wait until the target of containers are idle."""
         with self._cond:

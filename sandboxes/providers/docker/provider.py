@@ -127,6 +127,11 @@ class DockerProvider(DockerCreate):
             DockerPool(self, pool_size, self._gate, max_size=pool_max) if pool_size > 0 else None
         )
 
+    def warm_pool_start(self) -> None:
+        """Start filling the warm pool now rather than at the first create."""
+        if self.pool is not None:
+            self.pool.start()
+
     def close(self) -> None:
         """Remove the pool's unclaimed containers and stop refilling (also done at exit)."""
         if self.pool is not None:

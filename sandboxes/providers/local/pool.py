@@ -138,6 +138,10 @@ class WarmPool:
         with self._cond:
             return self._sizing.target()
 
+    def start(self) -> None:
+        """Start filling now, before the first claim (a web process about to serve)."""
+        self._wake()
+
     def wait_full(self, timeout_s: float) -> bool:
         """Block until the pool holds its target of idle jails; False after `timeout_s`."""
         with self._cond:

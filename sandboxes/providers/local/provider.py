@@ -135,6 +135,11 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             else contextlib.nullcontext()
         )
 
+    def warm_pool_start(self) -> None:
+        """Start filling the warm pool now rather than at the first create."""
+        if self._pool is not None:
+            self._pool.start()
+
     def close(self) -> None:
         """Destroy the unclaimed warm jails and stop refilling (also done at exit)."""
         if self._pool is not None:

@@ -1,0 +1,240 @@
+"""Creates in order of arrival, a few at a time (playground/admission.py), and warm pools
+that fill before a web process's first request (playground/webserver.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.urls import resolve
+
+from playground.admission import CREATE_PATHS, CreateAdmission, FairGate
+from tests.playground.test_web_processes import free_port
+from tests.requirements import jail_root
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_places_are_given_in_order_of_arrival_and_never_more_than_the_gate_has() -> None:
+    async def scenario() -> tuple[list[int], int]:
+        gate = FairGate(2, hold_limit_s=60)
+        order: list[int] = []
+        inside = peak = 0
+
+        async def one(index: int) -> None:
+            nonlocal inside, peak
+            held = await gate.enter()
+            order.append(index)
+            inside += 1
+            peak = max(peak, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+            gate.leave(held)
+
+        tasks = []
+        for index in range(12):
+            tasks.append(asyncio.create_task(one(index)))
+            await asyncio.sleep(0)  # arrive one after another
+        await asyncio.gather(*tasks)
+        assert gate.taken == 0
+        return order, peak
+
+    order, peak = run(scenario())
+    assert order == list(range(12))
+    assert peak == 2
+
+
+def test_a_newcomer_does_not_overtake_a_woken_waiter() -> None:
+    async def scenario() -> list[str]:
+        gate = FairGate(1, hold_limit_s=60)
+        order: list[str] = []
+        first = await gate.enter()
+
+        async def waiter(name: str) -> None:
+            held = await gate.enter()
+            order.append(name)
+            gate.leave(held)
+
+        queued = asyncio.create_task(waiter("queued"))
+        await asyncio.sleep(0)
+        gate.leave(first)  # wakes "queued"; it has not run yet
+        newcomer = asyncio.create_task(waiter("newcomer"))
+        await asyncio.gather(queued, newcomer)
+        return order
+
+    assert run(scenario()) == ["queued", "newcomer"]
+
+
+def test_a_place_held_past_the_limit_passes_to_the_next_and_is_freed_once() -> None:
+    async def scenario() -> None:
+        gate = FairGate(1, hold_limit_s=0.05)
+        slow = await gate.enter()
+        started = time.monotonic()
+        nxt = await gate.enter()  # admitted when the slow one's hold runs out
+        assert time.monotonic() - started >= 0.04
+        gate.leave(slow)  # the limit already gave its place away: nothing more
+        assert gate.taken == 1
+        gate.leave(nxt)
+        assert gate.taken == 0
+        again = await asyncio.wait_for(gate.enter(), 1)
+        gate.leave(again)
+        assert gate.taken == 0
+
+    run(scenario())
+
+
+def test_cancelled_waiters_lose_no_place() -> None:
+    async def scenario() -> None:
+        gate = FairGate(1, hold_limit_s=60)
+        held = await gate.enter()
+        # Cancelled while waiting.
+        waiting = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # Cancelled after being woken, before it ran: the place goes to the next.
+        woken = asyncio.create_task(gate.enter())
+        after = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        gate.leave(held)
+        woken.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await woken
+        last = await asyncio.wait_for(after, 1)
+        assert gate.taken == 1
+        gate.leave(last)
+        assert gate.taken == 0
+
+    run(scenario())
+
+
+def test_a_gate_needs_a_place() -> None:
+    with pytest.raises(ValueError):
+        FairGate(0)
+
+
+class Recorder:
+    """An ASGI app that holds every request until released, noting which are inside."""
+
+    def __init__(self) -> None:
+        self.inside: list[str] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.inside.append(f"{scope['method']} {scope['path']}")
+        await self.release.wait()
+
+
+def http_scope(method: str, path: str) -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path}
+
+
+def test_only_creates_queue_other_requests_pass_a_full_gate() -> None:
+    async def scenario() -> list[str]:
+        app = Recorder()
+        admission = CreateAdmission(app, places=1)
+        requests = [
+            ("POST", "/api/v1/sandboxes"),
+            ("POST", "/e2b/sandboxes"),  # queued behind the first create
+            ("POST", "/api/v1/sandboxes/abc/commands"),
+            ("GET", "/api/v1/sandboxes"),
+            ("POST", "/e2b/v2/sandboxes"),  # queued
+        ]
+        tasks = [asyncio.create_task(admission(http_scope(m, p), None, None)) for m, p in requests]
+        await asyncio.sleep(0.01)
+        seen = list(app.inside)
+        app.release.set()
+        await asyncio.gather(*tasks)
+        assert len(app.inside) == len(requests)
+        return seen
+
+    assert run(scenario()) == [
+        "POST /api/v1/sandboxes",
+        "POST /api/v1/sandboxes/abc/commands",
+        "GET /api/v1/sandboxes",
+    ]
+
+
+def test_zero_places_admit_every_create_at_once() -> None:
+    async def scenario() -> int:
+        app = Recorder()
+        admission = CreateAdmission(app, places=0)
+        tasks = [
+            asyncio.create_task(admission(http_scope("POST", "/api/v1/sandboxes"), None, None))
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0.01)
+        inside = len(app.inside)
+        app.release.set()
+        await asyncio.gather(*tasks)
+        return inside
+
+    assert run(scenario()) == 5
+
+
+def test_the_gated_paths_are_the_create_routes() -> None:
+    for path in CREATE_PATHS:
+        view_class = resolve(path).func.cls  # type: ignore[attr-defined] # DRF's as_view sets it
+        assert view_class.__name__ in {"SandboxListApi", "SandboxesApi"}, path
+        assert "post" in view_class.http_method_names
+
+
+def test_a_web_process_fills_its_warm_pool_before_its_first_request(tmp_path: Path) -> None:
+    root = jail_root(f"prepare-{os.getpid()}")
+    port = free_port()
+    env = {
+        **os.environ,
+        "SANDPIT_PROVIDERS": "local",
+        "SANDPIT_LOCAL_ROOT": str(root),
+        "SANDPIT_LOCAL_WARM_POOL": "2",
+        "SANDPIT_WEB_PROCESSES": "1",
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "playground.webserver",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "playground.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        ready: list[Path] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            ready = [d for d in root.glob("warm-*") if (d / "state.json").exists()]
+            if len(ready) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(ready) >= 2, log.read_text()[-3000:]
+        # Nothing was asked of it: the server has served no request yet.
+        assert "GET" not in log.read_text() and "POST" not in log.read_text()
+        assert httpx.get(f"http://127.0.0.1:{port}/health/live", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    # The unclaimed jails go with the server.
+    assert [d for d in root.glob("warm-*") if (d / "state.json").exists()] == []
