@@ -5,12 +5,15 @@ many at once, each beside its raw floor measured in the same run.
   docker: API create -> POST /commands `node -v`   vs  `docker run --rm IMAGE node -v`
 
 Run:  .venv/bin/python bench/bench_burst.py [--provider local|docker] [--sequential 20]
-      [--burst 100] [--bursts 1] [--warm-pool N] [--processes N]
+      [--burst 100] [--bursts 1] [--warm-pool N] [--processes N] [--client lean|httpx]
 --warm-pool sets SANDPIT_LOCAL_WARM_POOL (per web process; default: the server's default),
 and each measure then starts once the pools are full again; --processes runs that many web
 processes on the port (SANDPIT_WEB_PROCESSES); --bursts N repeats the burst, each after the
 warm pools stopped refilling (a local pool grows to the bursts it saw, up to
 SANDPIT_LOCAL_WARM_POOL_MAX).
+The load comes from this process, on the server's own cores: by default a bare asyncio
+HTTP/1.1 client (bench/_lean_http.py); --client httpx for the earlier sessions' figures
+(its CPU per sandbox is printed beside the server's either way).
 Only the ratios travel between machines (this one's speed drifts); the hosted figures printed
 at the end are other products' published numbers, for context only.
 
@@ -34,10 +37,13 @@ import shutil
 import statistics
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+from _lean_http import LeanClient
 from _server import bench_env, create_org_and_key, daphne, ensure_database, percentile
 from bench_sandbox_api import BWRAP
 
@@ -64,7 +70,7 @@ async def floor_once(provider: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def product_once(client: httpx.AsyncClient, provider: str, created: list[str]) -> float:
+async def product_once(client: Any, provider: str, created: list[str]) -> float:
     """Create -> first `node -v` answered (destroy is not timed)."""
     started = time.perf_counter()
     response = await client.post("/api/v1/sandboxes", json={"provider": provider})
@@ -78,7 +84,7 @@ async def product_once(client: httpx.AsyncClient, provider: str, created: list[s
     return (time.perf_counter() - started) * 1000
 
 
-async def destroy_all(client: httpx.AsyncClient, created: list[str]) -> None:
+async def destroy_all(client: Any, created: list[str]) -> None:
     for start in range(0, len(created), 20):
         batch = created[start : start + 20]
         await asyncio.gather(*(client.delete(f"/api/v1/sandboxes/{sid}") for sid in batch))
@@ -86,8 +92,9 @@ async def destroy_all(client: httpx.AsyncClient, created: list[str]) -> None:
 
 
 _CPUACCT = "/sys/fs/cgroup/cpuacct"
-Sample = tuple[float, float, float]
-"""CPU seconds so far: the server's cgroup, its web processes alone, the floors' processes."""
+Sample = tuple[float, float, float, float]
+"""CPU seconds so far: the server's cgroup, its web processes alone, the floors' processes,
+and this process (the load generator)."""
 
 
 @dataclass
@@ -135,7 +142,8 @@ class CpuMeter:
         # Not RUSAGE_CHILDREN: it misses work bwrap's namespaced children leave to the kernel.
         floors = int((self.floors / "cpuacct.usage").read_text()) / 1e9 if self.floors else 0.0
         own = resource.getrusage(resource.RUSAGE_SELF)
-        return server, web, floors - (own.ru_utime + own.ru_stime)
+        client = own.ru_utime + own.ru_stime
+        return server, web, floors - client, client
 
     def remove(self) -> None:
         """Remove the cgroups, with the (empty) ones the server's provider made below."""
@@ -182,6 +190,7 @@ def cpu_row(
     server = (p1[0] - p0[0]) * 1000 / count
     web = (p1[1] - p0[1]) * 1000 / count
     spawn = (f1[2] - f0[2]) * 1000 / count
+    client = (p1[3] - p0[3]) * 1000 / count
     ratio = f"{server / spawn:.1f}x" if spawn > 0 else "-"
     within = "-" if budget is None else f"{budget:.1f}"
     return (
@@ -192,6 +201,7 @@ def cpu_row(
         f"{spawn:.1f}",
         ratio,
         within,
+        f"{client:.1f}",
     )
 
 
@@ -248,13 +258,23 @@ async def measure(
     want = (args.warm_pool or 0) * args.processes
     rows: list[tuple[str, ...]] = []
     cpu_rows: list[tuple[str, ...]] = []
-    limits = httpx.Limits(max_connections=args.burst + 10, max_keepalive_connections=args.burst)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=300,
-        limits=limits,
-    ) as client:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with AsyncExitStack() as stack:
+        client: Any
+        if args.client == "httpx":
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=f"http://127.0.0.1:{port}",
+                    headers=headers,
+                    timeout=300,
+                    limits=httpx.Limits(
+                        max_connections=args.burst + 10, max_keepalive_connections=args.burst
+                    ),
+                )
+            )
+        else:
+            client = LeanClient(port, headers)
+            stack.push_async_callback(client.close)
         created: list[str] = []
         # Warm-up (imports, connection pools, the provider's first jail or container).
         for _ in range(3):
@@ -285,7 +305,7 @@ async def measure(
 
 
 async def many_at_once(
-    client: httpx.AsyncClient,
+    client: Any,
     args: argparse.Namespace,
     meter: CpuMeter,
     burst: int,
@@ -338,6 +358,13 @@ def main() -> None:
     parser.add_argument("--warm-pool", type=int, default=None)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=1)
+    parser.add_argument(
+        "--client",
+        choices=["lean", "httpx"],
+        default="lean",
+        help="the load generator: a bare asyncio HTTP/1.1 client (bench/_lean_http.py), or "
+        "httpx (about 1 ms of this machine's CPU per request, taken from the server's cores)",
+    )
     args = parser.parse_args()
     extra = {
         "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
@@ -386,7 +413,7 @@ def main() -> None:
         )
         print(
             "measure | all | web processes | jails etc. | floor | ratio | "
-            "at most, for the 2x target (burst_cpu_budget)"
+            "at most, for the 2x target (burst_cpu_budget) | the load generator (not in all)"
         )
         for row in cpu_rows:
             print(" | ".join(row))

@@ -458,6 +458,11 @@ class DockerEngines(RoutedOperations):
         """Snapshot archives are files on Sandpit's host, whichever engine ran the sandbox."""
         return bool(self._main.snapshot_remove(location))
 
+    def warm_pool_start(self) -> None:
+        """Every engine's warm pool starts filling."""
+        for provider in self.providers.values():
+            provider.warm_pool_start()
+
     def close(self) -> None:
         for client in self._probe_clients.values():
             client.close()
