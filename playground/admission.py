@@ -1,4 +1,4 @@
-"""Creates, a few at a time and in order of arrival, per web process.
+"""Creates, a few at a time and in order of arrival (per caller, in turn), per web process.
 
 Each request runs on a thread of its own (playground/webthreads.py), and a burst of 100
 creates arrives at once: all 100 ran side by side, each getting a hundredth of the
@@ -11,6 +11,10 @@ A create that keeps its place longer than ``HOLD_LIMIT_S`` is waiting on somethi
 (a template's own jail, a snapshot restore, the docker engine), not using this process:
 its place goes to the next in line while it goes on, so slow creates never hold up fast
 ones for longer than that.
+
+The line is one per caller (the credential a request presents), served in turn: one
+caller's thousand creates do not queue ahead of another caller's one. The rate limits and
+the concurrent-sandbox cap are checked later, in the view, once the key is resolved.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ CREATE_PATHS = frozenset({"/api/v1/sandboxes", "/e2b/sandboxes", "/e2b/v2/sandbo
 
 
 class FairGate:
-    """At most `places` holders at once, admitted first come, first served (asyncio's
-    Semaphore lets a newcomer overtake a woken waiter). A place is given up by `leave`, or
-    by the holder staying longer than `hold_limit_s`, whichever comes first."""
+    """At most `places` holders at once. Waiters line up per caller (`enter(line)`), each
+    line first come, first served, the lines served in turn; a newcomer never overtakes a
+    woken waiter (asyncio's Semaphore lets it). A place is given up by `leave`, or by the
+    holder staying longer than `hold_limit_s`, whichever comes first."""
 
     def __init__(self, places: int, hold_limit_s: float = HOLD_LIMIT_S) -> None:
         if places < 1:
@@ -36,22 +41,23 @@ class FairGate:
         self.places = places
         self.hold_limit_s = hold_limit_s
         self.taken = 0
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._lines: dict[str, deque[asyncio.Future[None]]] = {}
+        """Callers with someone waiting, in the order they are served (dicts keep it)."""
 
-    async def enter(self) -> asyncio.TimerHandle:
-        """Wait for a place; returns the handle to give to `leave`."""
-        if self.taken < self.places and not self._waiting:
+    async def enter(self, line: str = "") -> asyncio.TimerHandle:
+        """Wait for a place in `line`; returns the handle to give to `leave`."""
+        if self.taken < self.places and not self._lines:
             self.taken += 1
         else:
             waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
+            self._lines.setdefault(line, deque()).append(waiter)
             try:
                 await waiter  # the place is counted for us by whoever woke us
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
                     self._free()  # woken, then cancelled before it could run: pass it on
-                elif waiter in self._waiting:  # not yet passed over by _free
-                    self._waiting.remove(waiter)
+                else:
+                    self._drop(line, waiter)
                 raise
         return asyncio.get_running_loop().call_later(self.hold_limit_s, self._free)
 
@@ -61,17 +67,46 @@ class FairGate:
             held.cancel()
             self._free()
 
+    def _drop(self, line: str, waiter: asyncio.Future[None]) -> None:
+        waiting = self._lines.get(line)
+        if waiting is not None and waiter in waiting:
+            waiting.remove(waiter)
+            if not waiting:
+                del self._lines[line]
+
     def _free(self) -> None:
-        while self._waiting:
-            waiter = self._waiting.popleft()
+        while self._lines:
+            line = next(iter(self._lines))
+            waiting = self._lines.pop(line)
+            waiter = waiting.popleft()
+            if waiting:
+                self._lines[line] = waiting  # to the back: the next caller's turn
             if not waiter.done():
                 waiter.set_result(None)  # the place passes on, still counted
                 return
         self.taken -= 1
 
 
+CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
+"""Sandpit's API (Bearer key) and the E2B-compatible API (X-API-Key)."""
+
+
+def caller_line(scope: dict[str, Any]) -> str:
+    """Which line a create waits in: its credential (an API key, else the cookie header
+    that carries a browser session), unverified; a forged one only gets a line of its own,
+    and the view refuses it once admitted."""
+    cookie = b""
+    for name, value in scope.get("headers") or ():
+        name = name.lower()
+        if name in CREDENTIAL_HEADERS:
+            return value.decode("latin-1")
+        if name == b"cookie":
+            cookie = value
+    return cookie.decode("latin-1")
+
+
 class CreateAdmission:
-    """ASGI middleware: sandbox creates pass `gate` in order of arrival; all else straight
+    """ASGI middleware: sandbox creates pass `gate` (per caller, in turn); all else straight
     through. One gate per web process (each has its own event loop and Python)."""
 
     def __init__(self, app: Any, places: int) -> None:
@@ -90,7 +125,7 @@ class CreateAdmission:
             return
         if self.gate is None:
             self.gate = FairGate(self.places)
-        held = await self.gate.enter()
+        held = await self.gate.enter(caller_line(scope))
         try:
             await self.app(scope, receive, send)
         finally:

@@ -422,8 +422,8 @@ SANDPIT_WEB_PROCESSES = env_str("SANDPIT_WEB_PROCESSES", "auto")
 # Idle request threads kept per web process for reuse (playground/webthreads.py); not a cap
 # on concurrent requests. 0: a new thread per request, as Django does.
 SANDPIT_WEB_THREADS = env_int("SANDPIT_WEB_THREADS", 64)
-# Sandbox creates admitted at once per web process, the rest queued in order of arrival
-# (playground/admission.py); 0 admits all at once.
+# Sandbox creates admitted at once per web process, the rest queued in order of arrival,
+# one line per caller served in turn (playground/admission.py); 0 admits all at once.
 SANDPIT_WEB_CONCURRENT_CREATES = env_int(
     "SANDPIT_WEB_CONCURRENT_CREATES", 2 * len(os.sched_getaffinity(0))
 )

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from django.urls import resolve
 
-from playground.admission import CREATE_PATHS, CreateAdmission, FairGate
+from playground.admission import CREATE_PATHS, CreateAdmission, FairGate, caller_line
 from tests.playground.test_web_processes import free_port
 from tests.requirements import jail_root
 
@@ -118,6 +118,46 @@ def test_cancelled_waiters_lose_no_place() -> None:
         assert gate.taken == 0
 
     run(scenario())
+
+
+def test_callers_are_served_in_turn_one_callers_flood_does_not_queue_ahead_of_another() -> None:
+    async def scenario() -> list[str]:
+        gate = FairGate(1, hold_limit_s=60)
+        order: list[str] = []
+        first = await gate.enter("flood")
+
+        async def one(line: str, name: str) -> None:
+            held = await gate.enter(line)
+            order.append(name)
+            await asyncio.sleep(0)
+            gate.leave(held)
+
+        tasks = [asyncio.create_task(one("flood", f"flood-{i}")) for i in range(20)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(one("other", f"other-{i}")) for i in range(2)]
+        await asyncio.sleep(0)
+        gate.leave(first)
+        await asyncio.gather(*tasks)
+        assert gate.taken == 0
+        return order
+
+    order = run(scenario())
+    # Turns alternate while both wait; each caller's own creates keep their order.
+    assert order[:4] == ["flood-0", "other-0", "flood-1", "other-1"]
+    assert [n for n in order if n.startswith("flood")] == [f"flood-{i}" for i in range(20)]
+
+
+def test_the_line_is_the_credential_presented() -> None:
+    def scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+        return {"type": "http", "headers": list(headers)}
+
+    assert caller_line(scope((b"authorization", b"Bearer sp_a"))) == "Bearer sp_a"
+    assert caller_line(scope((b"X-API-Key", b"sp_b"))) == "sp_b"
+    assert caller_line(scope((b"cookie", b"sessionid=s"), (b"authorization", b"Bearer k"))) == (
+        "Bearer k"
+    )
+    assert caller_line(scope((b"cookie", b"sessionid=s"))) == "sessionid=s"
+    assert caller_line(scope()) == ""
 
 
 def test_a_gate_needs_a_place() -> None:
