@@ -16,6 +16,7 @@ import pytest
 from django.urls import resolve
 
 from playground.admission import CREATE_PATHS, CreateAdmission, FairGate, caller_line
+from playground.asgi import application
 from tests.playground.test_web_processes import free_port
 from tests.requirements import jail_root
 
@@ -229,6 +230,12 @@ def test_the_gated_paths_are_the_create_routes() -> None:
         view_class = resolve(path).func.cls  # type: ignore[attr-defined] # DRF's as_view sets it
         assert view_class.__name__ in {"SandboxListApi", "SandboxesApi"}, path
         assert "post" in view_class.http_method_names
+
+
+def test_the_served_application_passes_http_through_the_gate(settings) -> None:  # type: ignore[no-untyped-def]
+    outer = application.application_mapping["http"]  # E2BRouter: Connect RPC, then the rest
+    assert isinstance(outer.app, CreateAdmission)
+    assert outer.app.places == settings.SANDPIT_WEB_CONCURRENT_CREATES >= 1
 
 
 def test_a_web_process_fills_its_warm_pool_before_its_first_request(tmp_path: Path) -> None:
