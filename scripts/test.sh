@@ -48,6 +48,11 @@ export SANDPIT_DOCKER_POOL_SIZE=${SANDPIT_DOCKER_POOL_SIZE:-1}
 # Nor grow after tests that create several at once (tests/sandboxes/test_docker_pool.py
 # tests the growth): the suite's engine would start containers no test claims.
 export SANDPIT_DOCKER_POOL_MAX=${SANDPIT_DOCKER_POOL_MAX:-1}
+# Likewise two warm jails per server the suite starts, no growth: each fills its pool as it
+# starts listening, and 8 (up to 64) per server would start jails no test claims
+# (tests/sandboxes/test_local_warm_pool.py tests the pool and its growth).
+export SANDPIT_LOCAL_WARM_POOL=${SANDPIT_LOCAL_WARM_POOL:-2}
+export SANDPIT_LOCAL_WARM_POOL_MAX=${SANDPIT_LOCAL_WARM_POOL_MAX:-2}
 export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
 # Local jails run as unprivileged host uids that must pass through every directory above their
 # root; a checkout may sit under a private (0700) directory, so tests keep jails elsewhere.
