@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,6 +21,7 @@ from django.db import connection
 from billing import services
 from billing.models import UsageDaily, UsageEvent
 from tests.requirements import missing_part
+from tests.servers import server_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,22 +57,7 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
         SANDPIT_LOG_LEVEL="WARNING",
     )
     log = (tmp_path / "daphne.log").open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "playground.asgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    process = server_start(port, env, log, module="daphne")
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.requirements import jail_root, missing_part
+from tests.servers import server_start
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -92,22 +92,7 @@ def server(request, django_db_setup, django_db_blocker, tmp_path_factory):  # ty
     }
     log_path = root / "daphne.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed in the teardown below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "playground.asgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = server_start(port, env, log, module="daphne")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

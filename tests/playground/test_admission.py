@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from playground.admission import CREATE_PATHS, CreateAdmission, FairGate, caller
 from playground.asgi import application
 from tests.playground.test_web_processes import free_port
 from tests.requirements import jail_root
+from tests.servers import server_start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -252,22 +251,7 @@ def test_a_web_process_fills_its_warm_pool_before_its_first_request(tmp_path: Pa
     }
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "playground.webserver",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "playground.asgi:application",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        proc = server_start(port, env, out)
     try:
         ready: list[Path] = []
         deadline = time.monotonic() + 60

@@ -19,6 +19,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.requirements import jail_root, missing_part
+from tests.servers import server_start
 
 ROOT = Path(__file__).resolve().parents[2]
 # The production launcher: daphne with the request-body ceiling (playground/webserver.py).
@@ -111,24 +112,10 @@ def daphne_server(django_db_setup, django_db_blocker, tmp_path_factory):  # type
         "PYTHONPATH": str(ROOT),
     }
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            # Launched as a script launches a server (SIGINT ignored, SIGCHLD blocked): what
-            # runs in the sandboxes must not inherit that (tests/unfriendly_launch.py).
-            [
-                sys.executable,
-                "-m",
-                "tests.unfriendly_launch",
-                *WEBSERVER,
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "playground.asgi:application",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+        # Launched as a script launches a server (SIGINT ignored, SIGCHLD blocked): what runs
+        # in the sandboxes must not inherit that (tests/unfriendly_launch.py).
+        proc = server_start(
+            port, env, out, through=(sys.executable, "-m", "tests.unfriendly_launch")
         )
     server = Server(port=port, root=root, log=log, pid=proc.pid)
     deadline = time.monotonic() + 30
