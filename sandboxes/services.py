@@ -478,11 +478,11 @@ built here, not the cloud ones (their construction may call out)."""
 
 def providers_prepare() -> list[str]:
     """Build the enabled providers that keep warm pools and start filling them, so each
-    web process's pools fill while it waits for its first request rather than during it: with several processes on
-    one port, a burst's connections spread over all of them, and a process that had served
-    nothing yet started every one of its creates cold. Returns the names built; one that
-    cannot be built now (an engine down) is logged and left to the first create, which
-    reports why."""
+    web process's pools fill while it waits for its first request rather than during it:
+    with several processes on one port, a burst's connections spread over all of them, and
+    a process that had served nothing yet started every one of its creates cold. Returns
+    the names built; one that cannot be built now (an engine down) is logged and left to
+    the first create, which reports why."""
     built = []
     for name in configured_provider_names():
         if name not in POOLED_PROVIDERS:
