@@ -299,7 +299,7 @@ async def measure(
         if row is not None:
             cpu_rows.append(row)
 
-        for burst in range(1, args.bursts + 1):
+        for burst in range(1, args.bursts + 1 if args.burst > 0 else 1):  # --burst 0: none
             await many_at_once(client, args, meter, burst, root, want, rows, cpu_rows, created)
     return rows, cpu_rows
 

@@ -186,7 +186,12 @@ class _LatencyBuffer:
             self._pending[f"{base}|{bucket}"] += 1
             self._pending[f"{base}|count"] += 1
             self._pending[f"{base}|sum"] += seconds
-            due = time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
+            now = time.monotonic()
+            due = now - self._last_flush >= FLUSH_INTERVAL_S
+            if due:
+                # Claimed here, not when the flush runs: with flush=False it runs later on
+                # another thread, and every request until then would be told to flush too.
+                self._last_flush = now
         if due and flush:
             self.flush()
         return due

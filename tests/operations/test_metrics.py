@@ -118,3 +118,18 @@ def test_file_store_without_redis(settings, tmp_path):
         assert (tmp_path / "metrics.json").exists()
     finally:
         metrics.reset_for_tests()
+
+
+def test_one_flush_per_interval_when_the_flush_runs_elsewhere(monkeypatch):
+    """The ASGI middleware flushes on another thread (flush=False): until that flush runs,
+    later requests must not each be told to flush again."""
+    buffer = metrics._LatencyBuffer()
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
+    buffer._last_flush = clock[0]
+    assert not buffer.observe("r", "GET", 0.001, flush=False)
+    clock[0] += metrics.FLUSH_INTERVAL_S
+    told = [buffer.observe("r", "GET", 0.001, flush=False) for _ in range(50)]
+    assert told.count(True) == 1 and told[0]
+    clock[0] += metrics.FLUSH_INTERVAL_S
+    assert buffer.observe("r", "GET", 0.001, flush=False)
