@@ -13,14 +13,19 @@ its place goes to the next in line while it goes on, so slow creates never hold 
 ones for longer than that.
 
 The line is one per caller (the credential a request presents), served in turn: one
-caller's thousand creates do not queue ahead of another caller's one. The rate limits and
-the concurrent-sandbox cap are checked later, in the view, once the key is resolved.
+caller's thousand creates do not queue ahead of another caller's one. A credential gets a
+line of its own once one of its creates was answered as authenticated (anything but 401 or
+403); until then it waits in one line shared by every unproven credential, so a flood of
+forged keys, each different, takes one turn in each round, not one per forged key. The
+rate limits and the concurrent-sandbox cap are checked later, in the view, once the key is
+resolved.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import hashlib
+from collections import OrderedDict, deque
 from typing import Any
 
 HOLD_LIMIT_S = 1.0
@@ -91,18 +96,53 @@ CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
 """Sandpit's API (Bearer key) and the E2B-compatible API (X-API-Key)."""
 
 
-def caller_line(scope: dict[str, Any]) -> str:
-    """Which line a create waits in: its credential (an API key, else the cookie header
-    that carries a browser session), unverified; a forged one only gets a line of its own,
-    and the view refuses it once admitted."""
+UNPROVEN_LINE = "unproven"
+"""The line of every credential not yet seen to authenticate in this process."""
+
+NOT_AUTHENTICATED = frozenset({401, 403})
+"""Answers that do not prove a credential (DRF refuses a session without one with 403)."""
+
+
+def caller_credential(scope: dict[str, Any]) -> bytes:
+    """The credential a request presents: an API key header, else the cookie header that
+    carries a browser session; empty when it has neither."""
     cookie = b""
     for name, value in scope.get("headers") or ():
         name = name.lower()
         if name in CREDENTIAL_HEADERS:
-            return value.decode("latin-1")
+            return bytes(value)
         if name == b"cookie":
             cookie = value
-    return cookie.decode("latin-1")
+    return bytes(cookie)
+
+
+class ProvenCallers:
+    """Digests of the credentials whose creates were answered as authenticated, the most
+    recent last, at most `limit` (memory stays bounded whatever callers send). Used from
+    the event loop only. Only digests are kept: the gate never holds a secret."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._proven: OrderedDict[str, None] = OrderedDict()
+
+    @staticmethod
+    def digest(credential: bytes) -> str:
+        return hashlib.sha256(credential).hexdigest()
+
+    def line(self, digest: str) -> str:
+        """The caller's own line once proven, else the shared unproven one."""
+        return digest if digest in self._proven else UNPROVEN_LINE
+
+    def answered(self, digest: str, status: int | None) -> None:
+        if status is None or status in NOT_AUTHENTICATED:
+            return
+        self._proven[digest] = None
+        self._proven.move_to_end(digest)
+        while len(self._proven) > self.limit:
+            self._proven.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._proven)
 
 
 class CreateAdmission:
@@ -113,6 +153,7 @@ class CreateAdmission:
         self.app = app
         self.places = places
         self.gate: FairGate | None = None
+        self.proven = ProvenCallers()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if (
@@ -125,8 +166,18 @@ class CreateAdmission:
             return
         if self.gate is None:
             self.gate = FairGate(self.places)
-        held = await self.gate.enter(caller_line(scope))
+        digest = self.proven.digest(caller_credential(scope))
+        held = await self.gate.enter(self.proven.line(digest))
+        status: int | None = None
+
+        async def send_noting_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_noting_status)
         finally:
             self.gate.leave(held)
+            self.proven.answered(digest, status)

@@ -13,7 +13,14 @@ import httpx
 import pytest
 from django.urls import resolve
 
-from playground.admission import CREATE_PATHS, CreateAdmission, FairGate, caller_line
+from playground.admission import (
+    CREATE_PATHS,
+    UNPROVEN_LINE,
+    CreateAdmission,
+    FairGate,
+    ProvenCallers,
+    caller_credential,
+)
 from playground.asgi import application
 from tests.playground.test_web_processes import free_port
 from tests.requirements import jail_root
@@ -147,17 +154,97 @@ def test_callers_are_served_in_turn_one_callers_flood_does_not_queue_ahead_of_an
     assert [n for n in order if n.startswith("flood")] == [f"flood-{i}" for i in range(20)]
 
 
-def test_the_line_is_the_credential_presented() -> None:
+def test_the_credential_is_the_key_header_else_the_cookie() -> None:
     def scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
         return {"type": "http", "headers": list(headers)}
 
-    assert caller_line(scope((b"authorization", b"Bearer sp_a"))) == "Bearer sp_a"
-    assert caller_line(scope((b"X-API-Key", b"sp_b"))) == "sp_b"
-    assert caller_line(scope((b"cookie", b"sessionid=s"), (b"authorization", b"Bearer k"))) == (
-        "Bearer k"
-    )
-    assert caller_line(scope((b"cookie", b"sessionid=s"))) == "sessionid=s"
-    assert caller_line(scope()) == ""
+    assert caller_credential(scope((b"authorization", b"Bearer sp_a"))) == b"Bearer sp_a"
+    assert caller_credential(scope((b"X-API-Key", b"sp_b"))) == b"sp_b"
+    assert caller_credential(
+        scope((b"cookie", b"sessionid=s"), (b"authorization", b"Bearer k"))
+    ) == (b"Bearer k")
+    assert caller_credential(scope((b"cookie", b"sessionid=s"))) == b"sessionid=s"
+    assert caller_credential(scope()) == b""
+
+
+def test_only_an_authenticated_answer_proves_a_credential_and_the_set_stays_bounded() -> None:
+    proven = ProvenCallers(limit=3)
+    refused, never_answered = proven.digest(b"Bearer forged"), proven.digest(b"Bearer gone")
+    proven.answered(refused, 401)
+    proven.answered(refused, 403)
+    proven.answered(never_answered, None)  # the client left before any answer
+    assert proven.line(refused) == proven.line(never_answered) == UNPROVEN_LINE
+    keys = [proven.digest(f"Bearer sp_{i}".encode()) for i in range(5)]
+    for key, status in zip(keys, (201, 429, 402, 400, 201), strict=True):
+        proven.answered(key, status)  # refused for other reasons, but authenticated
+    assert len(proven) == 3
+    assert [proven.line(key) for key in keys] == [UNPROVEN_LINE] * 2 + keys[2:]
+    assert b"sp_" not in repr(proven._proven).encode()  # digests only, never the secret
+
+
+class Answering:
+    """An ASGI app answering 201 to `Bearer good`, 401 to anything else, holding each
+    request until released; notes the order requests got in."""
+
+    def __init__(self) -> None:
+        self.inside: list[str] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        key = caller_credential(scope).decode()
+        self.inside.append(key)
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 201 if key == "Bearer good" else 401})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_forged_keys_share_one_line_a_proven_caller_keeps_its_turns() -> None:
+    async def sent(message: dict[str, Any]) -> None:
+        return None
+
+    def create(key: str) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "method": "POST",
+            "path": "/api/v1/sandboxes",
+            "headers": [(b"authorization", key.encode())],
+        }
+
+    async def scenario() -> list[str]:
+        app = Answering()
+        admission = CreateAdmission(app, places=1)
+        app.release.set()
+        await admission(create("Bearer good"), None, sent)  # proves the key
+        app.release.clear()
+        holder = asyncio.create_task(admission(create("Bearer forged-holder"), None, sent))
+        await asyncio.sleep(0)
+        tasks = [
+            asyncio.create_task(admission(create(f"Bearer forged-{i}"), None, sent))
+            for i in range(30)
+        ]
+        await asyncio.sleep(0)
+        tasks += [
+            asyncio.create_task(admission(create("Bearer good"), None, sent)) for _ in range(3)
+        ]
+        await asyncio.sleep(0)
+        app.release.set()
+        await asyncio.gather(holder, *tasks)
+        assert admission.gate is not None and admission.gate.taken == 0
+        return app.inside[2:]
+
+    order = run(scenario())
+    # Thirty forged keys are one line, not thirty: the proven caller gets every other turn.
+    assert order[:6] == [
+        "Bearer forged-0",
+        "Bearer good",
+        "Bearer forged-1",
+        "Bearer good",
+        "Bearer forged-2",
+        "Bearer good",
+    ]
+    assert [key for key in order if key != "Bearer good"] == [
+        f"Bearer forged-{i}" for i in range(30)
+    ]
 
 
 def test_a_gate_needs_a_place() -> None:
