@@ -71,6 +71,9 @@ class LeanClient:
     async def post(self, path: str, json: Any = None) -> LeanResponse:  # noqa: A002 - httpx's name
         return await self.request("POST", path, json)
 
+    async def get(self, path: str) -> LeanResponse:
+        return await self.request("GET", path)
+
     async def delete(self, path: str) -> LeanResponse:
         return await self.request("DELETE", path)
 

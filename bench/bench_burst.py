@@ -70,7 +70,21 @@ async def floor_once(provider: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def product_once(client: Any, provider: str, created: list[str]) -> float:
+@dataclass
+class Phases:
+    """Where one after another's time goes, per sandbox (ms): the create's round trip, the
+    command's, and the command's own run in the sandbox as the agent timed it."""
+
+    create: list[float] = field(default_factory=list)
+    command: list[float] = field(default_factory=list)
+    in_sandbox: list[float] = field(default_factory=list)
+    bare_request: list[float] = field(default_factory=list)
+    """A GET /health/live round trip: the server stack with no view work."""
+
+
+async def product_once(
+    client: Any, provider: str, created: list[str], phases: Phases | None = None
+) -> float:
     """Create -> first `node -v` answered (destroy is not timed)."""
     started = time.perf_counter()
     response = await client.post("/api/v1/sandboxes", json={"provider": provider})
@@ -78,10 +92,39 @@ async def product_once(client: Any, provider: str, created: list[str]) -> float:
         raise RuntimeError(f"create: {response.status_code} {response.text[:300]}")
     sandbox_id = response.json()["id"]
     created.append(sandbox_id)
+    made = time.perf_counter()
     response = await client.post(f"/api/v1/sandboxes/{sandbox_id}/commands", json=NODE)
     if response.status_code != 200 or not response.json()["stdout"].startswith("v"):
         raise RuntimeError(f"command: {response.status_code} {response.text[:300]}")
+    done = time.perf_counter()
+    if phases is not None:
+        phases.create.append((made - started) * 1000)
+        phases.command.append((done - made) * 1000)
+        phases.in_sandbox.append(float(response.json()["duration_ms"]))
+    return (done - started) * 1000
+
+
+async def bare_request(client: Any) -> float:
+    started = time.perf_counter()
+    response = await client.get("/health/live")
+    if response.status_code != 200:
+        raise RuntimeError(f"health: {response.status_code}")
     return (time.perf_counter() - started) * 1000
+
+
+def phases_line(phases: Phases, floor_p50: float) -> str:
+    """The medians of one after another's parts, and what is left for the server once the
+    command's own run is taken out, beside the target's allowance."""
+    create, command = statistics.median(phases.create), statistics.median(phases.command)
+    in_sandbox = statistics.median(phases.in_sandbox)
+    bare = statistics.median(phases.bare_request)
+    return (
+        f"one after another, medians: create {create:.1f} ms + command {command:.1f} ms "
+        f"(of which `node -v` ran {in_sandbox:.1f} ms in the sandbox, by the agent's clock); "
+        f"the server's part {create + command - in_sandbox:.1f} ms for two requests, a bare "
+        f"request (GET /health/live) {bare:.1f} ms; the 1.5x target leaves "
+        f"{1.5 * floor_p50 - in_sandbox:.1f} ms beside the run"
+    )
 
 
 async def destroy_all(client: Any, created: list[str]) -> None:
@@ -253,7 +296,12 @@ async def wait_settled(root: Path | None) -> None:
 
 
 async def measure(
-    port: int, key: str, args: argparse.Namespace, meter: CpuMeter, root: Path | None = None
+    port: int,
+    key: str,
+    args: argparse.Namespace,
+    meter: CpuMeter,
+    notes: list[str],
+    root: Path | None = None,
 ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
     want = (args.warm_pool or 0) * args.processes
     rows: list[tuple[str, ...]] = []
@@ -287,13 +335,17 @@ async def measure(
         await wait_warm(root, want)
         product: list[float] = []
         floor: list[float] = []
+        phases = Phases()
         before = meter.sample()
         for _ in range(args.sequential):
-            product.append(await product_once(client, args.provider, created))
+            product.append(await product_once(client, args.provider, created, phases))
             floor.append(await floor_once(args.provider))
         after = meter.sample()
+        for _ in range(args.sequential):
+            phases.bare_request.append(await bare_request(client))
         await destroy_all(client, created)
         rows.append(("one after another", *_row(product, floor)))
+        notes.append(phases_line(phases, statistics.median(floor)))
         # Interleaved: the floors' CPU is in their cgroup, the product's in the server's.
         row = cpu_row("one after another", (before, after), (before, after), args.sequential)
         if row is not None:
@@ -386,12 +438,13 @@ def main() -> None:
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-burst")
     meter = CpuMeter.setup() if args.provider == "local" else CpuMeter()
+    notes: list[str] = []
     meter.enter("server")  # the server starts in it, and its jails nest below
     try:
         with daphne(env, processes=args.processes) as port:
             meter.note_web_processes()
             meter.enter("floors")
-            rows, cpu_rows = asyncio.run(measure(port, key, args, meter, root))
+            rows, cpu_rows = asyncio.run(measure(port, key, args, meter, notes, root))
     finally:
         meter.remove()
         if root is not None:  # the server destroyed its jails; their directories may stay
@@ -406,6 +459,8 @@ def main() -> None:
     print(" | ".join(header))
     for row in rows:
         print(" | ".join(row))
+    for note in notes:
+        print(note)
     if cpu_rows:
         print(
             "\nCPU-ms per sandbox (create + first command; the warm pool's refills and the "
