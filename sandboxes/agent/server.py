@@ -220,7 +220,8 @@ def main() -> None:
         os.close(ready_fd)
     while True:
         try:
-            conn, _ = server.accept()
+            # _socket's accept: the new connection's descriptor (typeshed omits it)
+            conn = socket.socket(fileno=server._accept()[0])  # type: ignore[attr-defined]
         except InterruptedError:
             continue
         except OSError as exc:  # out of fds (its limit is the sandbox's): wait, do not die

@@ -6,7 +6,11 @@ A request is one JSON line; a reply is one JSON line (``{"ok": true, ...}`` or
 
 from __future__ import annotations
 
-import socket
+# The C module: `import socket` costs each agent start ~6 ms of CPU (enum, selectors,
+# collections), and the agent needs none of what the Python layer adds but accept()
+# (server.py takes the descriptor with _accept instead). The agent's modules take `socket`
+# from here.
+import _socket as socket
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
 TYPE_CHECKING = False

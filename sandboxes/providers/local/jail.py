@@ -35,6 +35,8 @@ from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
 JAIL_AGENT = "/opt/sandpit/agent.pyz"
+JAIL_PYTHON = "/usr/bin/python3"
+"""The interpreter the agent runs under in a jail without a template's root file system."""
 _AGENT_MAIN = (
     f"import sys; sys.argv[0] = {JAIL_AGENT!r}; sys.path.insert(0, sys.argv[0]); "
     f"from {agent_bundle.PACKAGE}.server import main; main()"
@@ -378,7 +380,7 @@ def write_shared_etc(etc_dir: Path) -> None:
 def install_agent(target: Path) -> None:
     """Copy the agent bundle where every jail uid may read it (the source tree may not be),
     compiled by the jails' interpreter (bwrap_argv runs /usr/bin/python3)."""
-    agent_bundle.install(target, python="/usr/bin/python3")
+    agent_bundle.install(target, python=JAIL_PYTHON)
 
 
 def bwrap_argv(
@@ -471,7 +473,7 @@ def bwrap_argv(
         str(info_fd),
         "--block-fd",
         str(block_fd),
-        "/usr/bin/python3",
+        JAIL_PYTHON,
         "-I",
         "-S",
         "-c",
