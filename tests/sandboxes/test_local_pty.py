@@ -20,6 +20,7 @@ import pytest
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import AgentPtySession, AgentRelayPtySession
 from sandboxes.providers.base import ExecRequest, ProviderError, SandboxGone, SandboxSpec
+from tests.sandboxes.test_provider_contract import read_pty_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
@@ -98,7 +99,9 @@ def test_echo_round_trip(term):
 
 def test_resize_is_visible_inside(term):
     term.write(b"stty size\n")
-    read_until(term, b"24 80")
+    # Resized at the prompt: readline rewrites the window size it read as it prepares the
+    # terminal for a line, undoing a resize landing in between (test_provider_contract.py).
+    read_pty_until(term, b"$ ", after=b"24 80")
     term.resize(cols=123, rows=45)
     term.write(b"stty size\n")
     read_until(term, b"45 123")

@@ -349,10 +349,13 @@ def test_stats_fields_are_sane(provider, sandbox):
 # ---------------------------------------------------------------------------
 
 
-def read_pty_until(pty: PtySession, needle: bytes, timeout: float = DEADLINE_S) -> bytes:
+def read_pty_until(
+    pty: PtySession, needle: bytes, timeout: float = DEADLINE_S, *, after: bytes = b""
+) -> bytes:
+    """Read until `needle` appears (after `after`, when given)."""
     seen = b""
     end = time.monotonic() + timeout
-    while needle not in seen:
+    while needle not in (seen.partition(after)[2] if after else seen):
         remaining = end - time.monotonic()
         if remaining <= 0:
             pytest.fail(f"{needle!r} not seen in terminal output {seen[-500:]!r}")
@@ -372,7 +375,10 @@ def test_pty_echo_resize_close(provider, sandbox):
     pty = provider.open_pty(sandbox, cols=80, rows=24)
     try:
         pty.write(b"echo $((40+2))\n")
-        read_pty_until(pty, b"42")
+        # The prompt after the output, not the output alone: as readline prepares the
+        # terminal for the next line it reads the window size and writes it back (GNU
+        # readline's set_winsize), which undoes a resize landing in between.
+        read_pty_until(pty, b"$ ", after=b"42")
         assert pty.exit_code() is None
         pty.resize(cols=100, rows=40)
         pty.write(b"stty size\n")
