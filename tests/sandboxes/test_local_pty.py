@@ -20,7 +20,7 @@ import pytest
 from sandboxes.providers import agent_client as wire
 from sandboxes.providers.agent_client import AgentPtySession, AgentRelayPtySession
 from sandboxes.providers.base import ExecRequest, ProviderError, SandboxGone, SandboxSpec
-from tests.sandboxes.test_provider_contract import read_pty_until
+from tests.sandboxes.test_provider_contract import PROMPT, read_pty_until
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
@@ -101,7 +101,7 @@ def test_resize_is_visible_inside(term):
     term.write(b"stty size\n")
     # Resized at the prompt: readline rewrites the window size it read as it prepares the
     # terminal for a line, undoing a resize landing in between (test_provider_contract.py).
-    read_pty_until(term, b"$ ", after=b"24 80")
+    read_pty_until(term, PROMPT, after=b"24 80")
     term.resize(cols=123, rows=45)
     term.write(b"stty size\n")
     read_until(term, b"45 123")

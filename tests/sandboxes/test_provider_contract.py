@@ -349,13 +349,22 @@ def test_stats_fields_are_sane(provider, sandbox):
 # ---------------------------------------------------------------------------
 
 
+PROMPT = (b"$ ", b"# ")
+"""How a shell's prompt ends: a user's, root's (the cloud fakes run as root)."""
+
+
 def read_pty_until(
-    pty: PtySession, needle: bytes, timeout: float = DEADLINE_S, *, after: bytes = b""
+    pty: PtySession,
+    needle: bytes | tuple[bytes, ...],
+    timeout: float = DEADLINE_S,
+    *,
+    after: bytes = b"",
 ) -> bytes:
-    """Read until `needle` appears (after `after`, when given)."""
+    """Read until `needle` (or any of several) appears, after `after` when given."""
+    needles = needle if isinstance(needle, tuple) else (needle,)
     seen = b""
     end = time.monotonic() + timeout
-    while needle not in (seen.partition(after)[2] if after else seen):
+    while not any(n in (seen.partition(after)[2] if after else seen) for n in needles):
         remaining = end - time.monotonic()
         if remaining <= 0:
             pytest.fail(f"{needle!r} not seen in terminal output {seen[-500:]!r}")
@@ -378,7 +387,7 @@ def test_pty_echo_resize_close(provider, sandbox):
         # The prompt after the output, not the output alone: as readline prepares the
         # terminal for the next line it reads the window size and writes it back (GNU
         # readline's set_winsize), which undoes a resize landing in between.
-        read_pty_until(pty, b"$ ", after=b"42")
+        read_pty_until(pty, PROMPT, after=b"42")
         assert pty.exit_code() is None
         pty.resize(cols=100, rows=40)
         pty.write(b"stty size\n")
