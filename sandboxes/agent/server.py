@@ -15,7 +15,17 @@ import time
 
 from . import PROTOCOL, execute, files, ports, procs, spawn, terminal
 from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
-from .wire import CHUNK, AgentError, json_loads, read_line, recv_exact, send_line, socket, try_send
+from .wire import (
+    CHUNK,
+    AgentError,
+    accept,
+    json_loads,
+    read_line,
+    recv_exact,
+    send_line,
+    socket,
+    try_send,
+)
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
 TYPE_CHECKING = False
@@ -220,8 +230,7 @@ def main() -> None:
         os.close(ready_fd)
     while True:
         try:
-            # _socket's accept: the new connection's descriptor (typeshed omits it)
-            conn = socket.socket(fileno=server._accept()[0])  # type: ignore[attr-defined]
+            conn = accept(server)
         except InterruptedError:
             continue
         except OSError as exc:  # out of fds (its limit is the sandbox's): wait, do not die

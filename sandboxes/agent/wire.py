@@ -7,9 +7,8 @@ A request is one JSON line; a reply is one JSON line (``{"ok": true, ...}`` or
 from __future__ import annotations
 
 # The C module: `import socket` costs each agent start ~6 ms of CPU (enum, selectors,
-# collections), and the agent needs none of what the Python layer adds but accept()
-# (server.py takes the descriptor with _accept instead). The agent's modules take `socket`
-# from here.
+# collections), and the agent needs none of what the Python layer adds but accept() (see
+# `accept` below). The agent's modules take `socket` from here.
 import _socket as socket
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
@@ -55,6 +54,24 @@ except (ImportError, AttributeError, TypeError):  # another Python: take the slo
         return json.loads(text)
 
     json_dumps = json.dumps
+
+
+def accept(server: socket.socket) -> socket.socket:
+    """The next connection on `server`. The C socket has no public accept: `_accept`, which
+    returns the new descriptor, is what the socket module's accept wraps. An interpreter
+    without it (a template's own Python) takes the socket module's, paying its import."""
+    take = getattr(server, "_accept", None)
+    if take is not None:
+        return socket.socket(fileno=take()[0])
+    import socket as with_python_layer  # noqa: PLC0415 - only where _accept is missing
+
+    wrapper = with_python_layer.socket(fileno=server.fileno())
+    try:
+        conn, _ = wrapper.accept()
+    finally:
+        wrapper.detach()  # the listening descriptor stays `server`'s
+    return socket.socket(fileno=conn.detach())
+
 
 MAX_LINE = 1 << 20
 CHUNK = 65536
