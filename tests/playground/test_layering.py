@@ -137,6 +137,7 @@ FUNCTION_LEVEL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("sandboxes/agent/spawn.py", "ctypes"): AGENT_FIRST_USE,
     ("sandboxes/agent/inotify.py", "ctypes"): AGENT_FIRST_USE,
+    ("sandboxes/agent/wire.py", "socket"): AGENT_FIRST_USE,
     ("sandboxes/agent/server.py", "sandboxes.agent.inotify"): AGENT_FIRST_USE,
     ("sandboxes/agent/server.py", "sandboxes.agent.sessions"): AGENT_FIRST_USE,
     ("sandboxes/agent/procs.py", "fcntl"): AGENT_FIRST_USE,
