@@ -284,6 +284,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.HasOrganization"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.negotiation.AnyFirstNegotiation",
     "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "common.pagination.CursorlessPagination",
     "PAGE_SIZE": 50,

@@ -9,6 +9,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from common.inputs import InputSerializer
+from common.outputs import DirectOutput
 
 from .code_runs import CodeRun
 from .models import Sandbox
@@ -177,7 +178,9 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-class SandboxOutput(serializers.ModelSerializer):
+class SandboxOutput(DirectOutput, serializers.ModelSerializer):
+    """Every sandbox response (read, create, list, destroy): read directly (common/outputs.py)."""
+
     class Meta:
         model = Sandbox
         fields = [
