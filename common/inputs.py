@@ -9,10 +9,32 @@ belongs in, the level above for a field nested too deep, or the closest declared
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
-from typing import Any
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
+from django.utils.functional import cached_property
 from rest_framework import serializers
+from rest_framework.utils.serializer_helpers import BindingDict
+
+_SHARED_FIELDS: dict[type[serializers.Serializer], BindingDict | None] = {}
+"""A class's shared fields; None for a class with a mutable default, as DRF returns a
+default itself, not a copy: a shared one would carry one request's changes into the next."""
+_SHARED_FIELDS_LOCK = threading.RLock()  # a class's nested inputs build theirs inside
+
+
+def _mutable_default(fields: Iterable[serializers.Field]) -> bool:
+    for field in fields:
+        if isinstance(getattr(field, "default", None), list | dict | set | bytearray):
+            return True
+        nested = _nested(field)
+        inner = [*(nested.fields.values() if nested is not None else ())]
+        child = getattr(field, "child", None)
+        if isinstance(child, serializers.Field) and not isinstance(child, serializers.Serializer):
+            inner.append(child)
+        if inner and _mutable_default(inner):
+            return True
+    return False
 
 
 def _nested(field: serializers.Field) -> serializers.Serializer | None:
@@ -41,7 +63,38 @@ def _closest(key: str, names: list[str]) -> str | None:
 
 class InputSerializer(serializers.Serializer):
     """Validates like DRF's Serializer and also refuses keys that are not declared fields,
-    each named in the error's details with a hint (see the module docstring)."""
+    each named in the error's details with a hint (see the module docstring).
+
+    Its fields are built once per class and shared by its instances (`fields`): DRF builds
+    them per instance, re-running every declared field's constructor (validators, error
+    messages merged along the class's MRO), 0.3 ms of a command request's 0.5 ms of
+    validation here, on every POST. Validation keeps its state on the serializer instance,
+    not on its fields; an instance with a context or `partial` (which fields read through
+    their root) gets fields of its own, as does a class that sets `share_fields = False`
+    (one that changes `self.fields` per instance must)."""
+
+    share_fields: ClassVar[bool] = True
+
+    @cached_property
+    def fields(self) -> BindingDict:
+        if not self.share_fields or getattr(self.root, "partial", False) or self.context:
+            return self.bound_fields()
+        cls = type(self)
+        if cls not in _SHARED_FIELDS:
+            with _SHARED_FIELDS_LOCK:
+                if cls not in _SHARED_FIELDS:
+                    # Bound to an instance holding no request's data, kept for the class.
+                    built = cls().bound_fields()
+                    _SHARED_FIELDS[cls] = None if _mutable_default(built.values()) else built
+        shared = _SHARED_FIELDS[cls]
+        return shared if shared is not None else self.bound_fields()
+
+    def bound_fields(self) -> BindingDict:
+        """This instance's own fields, as DRF builds them."""
+        fields = BindingDict(self)
+        for name, field in self.get_fields().items():
+            fields[name] = field
+        return fields
 
     def to_internal_value(self, data: Any) -> Any:
         unknown = (
