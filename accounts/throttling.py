@@ -23,6 +23,8 @@ import redis
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from common.redis_scripts import LuaScript
+
 from .principal import Principal, RateVerdict
 
 if TYPE_CHECKING:  # rest_framework.views reads the throttle setting, i.e. this module
@@ -50,18 +52,18 @@ end
 return reply
 """
 
-_clients: dict[str, Any] = {}
+_clients: dict[str, LuaScript] = {}
 _clients_lock = threading.Lock()
 
 
-def _script(url: str) -> Any:
+def _script(url: str) -> LuaScript:
     script = _clients.get(url)
     if script is None:
         with _clients_lock:
             script = _clients.get(url)
             if script is None:
                 client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-                script = _clients[url] = client.register_script(_SLIDING_WINDOW_LUA)
+                script = _clients[url] = LuaScript(client, _SLIDING_WINDOW_LUA)
     return script
 
 

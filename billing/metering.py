@@ -37,6 +37,7 @@ from redis.exceptions import LockError
 
 from accounts.models import Organization
 from common.errors import PaymentRequired
+from common.redis_scripts import LuaScript
 
 from . import pricing
 from .ledger import (
@@ -146,9 +147,10 @@ class RedisMeter:
         self.stream = f"{prefix}:events"
         self.flush_lock = f"{prefix}:flush-lock"
         self.epoch = f"{prefix}:epoch"
-        self._record = self.client.register_script(_RECORD_LUA)
-        self._epoch = self.client.register_script(_EPOCH_LUA)
-        self._seed = self.client.register_script(_SEED_LUA)
+        self._record = LuaScript(self.client, _RECORD_LUA)
+        self._record_pipelined = self.client.register_script(_RECORD_LUA)
+        self._epoch = LuaScript(self.client, _EPOCH_LUA)
+        self._seed = LuaScript(self.client, _SEED_LUA)
 
     def _counter(self, organization_id: int, start: date) -> str:
         return f"{self.prefix}:count:{organization_id}:{pricing.period_key(start)}"
@@ -187,7 +189,7 @@ class RedisMeter:
         pipe = self.client.pipeline(transaction=False)
         for event in events:
             keys, args = self._record_call(event)
-            self._record(keys=keys, args=args, client=pipe)
+            self._record_pipelined(keys=keys, args=args, client=pipe)
         pipe.execute()
 
     def period_state(self, organization_id: int, start: date, now: datetime) -> PeriodState:
