@@ -5,11 +5,12 @@ counted) and the conditional state transition. Used by services.py and its sibli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
@@ -41,19 +42,55 @@ def require_capability(provider: SandboxProvider, capability: Capability) -> Non
         )
 
 
+FAST_COMMIT_SQL = "SET LOCAL synchronous_commit TO OFF"
+
+
 @contextmanager
-def fast_commit() -> Iterator[None]:
+def fast_commit(*, caller_sends_setting: bool = False) -> Iterator[str]:
     """A transaction whose COMMIT does not wait for the WAL flush (PostgreSQL).
 
     For sandbox bookkeeping only, never for money: a database crash may lose the last few
     milliseconds of state changes, and the reconciler repairs exactly that (a resource with
     no live row is destroyed, a live row with no resource becomes error). Saves an fsync
-    (1-2 ms here) on every create and destroy."""
+    (1-2 ms here) on every create and destroy.
+
+    Yields what the caller's first statement must begin with: with `caller_sends_setting`,
+    on a cursor that takes several statements in one execute, the setting itself (so it
+    rides in that statement's round trip); otherwise "" (it was sent here)."""
     with transaction.atomic():
+        prefix = ""
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        yield
+                if caller_sends_setting and takes_several_statements(cursor):
+                    prefix = f"{FAST_COMMIT_SQL}; "
+                else:
+                    cursor.execute(FAST_COMMIT_SQL)
+        yield prefix
+
+
+def takes_several_statements(cursor: Any) -> bool:
+    """Whether one execute on this PostgreSQL cursor may hold several statements: it binds
+    parameters on the client (Django's default), so the text is sent as one simple query.
+    Each statement still gets its own snapshot; each round trip saved is one fewer wait."""
+    return connection.vendor == "postgresql" and isinstance(
+        getattr(cursor, "cursor", None), psycopg.ClientCursor
+    )
+
+
+def fast_statement(sql: str, params: Sequence[Any]) -> int:
+    """Run one write statement in a transaction of its own, committed as fast_commit does;
+    returns its row count. Outside any transaction on PostgreSQL this is one round trip
+    (the setting, the statement and its implicit transaction's commit), not four (BEGIN,
+    the setting, the statement, COMMIT)."""
+    with connection.cursor() as cursor:
+        alone = not connection.in_atomic_block and connection.get_autocommit()
+        if alone and takes_several_statements(cursor):
+            cursor.execute(f"{FAST_COMMIT_SQL}; {sql}", params)
+            cursor.nextset()  # the statement's result, after the setting's
+            return int(cursor.rowcount)
+    with fast_commit(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
 
 def sandbox_transition(
@@ -63,13 +100,13 @@ def sandbox_transition(
     Conditional UPDATE, so two workers racing on one sandbox cannot both win. Returns
     whether this call won."""
     allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
-    with fast_commit():
-        if where or not allowed_from or not _plain_values(fields):
+    if where or not allowed_from or not _plain_values(fields):
+        with fast_commit():
             updated = Sandbox.objects.filter(
                 pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
             ).update(state=to, **fields)
-        else:
-            updated = _transition_update(sandbox.pk, to, allowed_from, fields)
+    else:
+        updated = _transition_update(sandbox.pk, to, allowed_from, fields)
     if updated:
         sandbox.state = to
         for name, value in fields.items():
@@ -101,11 +138,9 @@ def _transition_update(pk: str, to: str, allowed_from: list[str], fields: Mappin
     columns = _columns()
     values = [columns["state"].get_db_prep_save(to, connection)]
     values += [columns[name].get_db_prep_save(fields[name], connection) for name in names]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
-        )
-        return int(cursor.rowcount)
+    return fast_statement(
+        _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
+    )
 
 
 @cache

@@ -43,6 +43,7 @@ from .provider_access import (
     require_capability,
     require_running,
     sandbox_transition,
+    takes_several_statements,
 )
 from .providers import (
     configured_provider_names,
@@ -90,17 +91,24 @@ def max_concurrent_sandboxes(organization: Organization) -> int:
     return organization.max_concurrent_sandboxes or settings.SANDPIT_MAX_CONCURRENT_SANDBOXES
 
 
-def capped_sandboxes_lock_and_count(organization_id: int) -> int:
+def capped_sandboxes_lock_and_count(organization_id: int, *, prefix: str = "") -> int:
     """Lock the organization's row (inside the caller's transaction, so two creates cannot
     both pass the limit) and return how many of its sandboxes are in CAPPED_STATES.
+    `prefix` (fast_commit's) goes before the first statement.
 
     Two statements: the count must be read after the lock is granted (a statement's
     snapshot is taken when it starts), so a create that waited sees the row the other one
-    inserted."""
+    inserted. Sent in one round trip where the cursor allows it, still two statements."""
     lock_sql, count_sql = _capped_sql()
+    count_params: list[int | str] = [organization_id, *map(str, CAPPED_STATES)]
     with connection.cursor() as cursor:
-        cursor.execute(lock_sql, [organization_id])
-        cursor.execute(count_sql, [organization_id, *map(str, CAPPED_STATES)])
+        if prefix or takes_several_statements(cursor):
+            cursor.execute(f"{prefix}{lock_sql}; {count_sql}", [organization_id, *count_params])
+            while cursor.nextset():  # to the count's result, the last one
+                pass
+        else:
+            cursor.execute(lock_sql, [organization_id])
+            cursor.execute(count_sql, count_params)
         (live,) = cursor.fetchone()
     return int(live)
 
@@ -214,8 +222,8 @@ def sandbox_create(
     resolved = resources_from_request(resources)
     now = timezone.now()
     limit = max_concurrent_sandboxes(organization)
-    with fast_commit():
-        live = capped_sandboxes_lock_and_count(organization.pk)
+    with fast_commit(caller_sends_setting=True) as setting:
+        live = capped_sandboxes_lock_and_count(organization.pk, prefix=setting)
         if live >= limit:
             raise QuotaExceeded(
                 f"This organization already has {live} live sandboxes (limit {limit}). "

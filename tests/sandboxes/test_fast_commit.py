@@ -1,0 +1,146 @@
+"""Sandbox bookkeeping in fewer round trips (sandboxes/provider_access.py): a state change on
+its own is one statement sent once, committed without waiting for the WAL flush; the
+create's lock and count share one round trip and still serialize two creates."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from sandboxes.models import Sandbox, SandboxState
+from sandboxes.provider_access import FAST_COMMIT_SQL, fast_commit, sandbox_transition
+from sandboxes.services import capped_sandboxes_lock_and_count
+from tests.requirements import missing_part
+
+
+@pytest.fixture
+def postgres():
+    if connection.vendor != "postgresql":
+        missing_part("these tests need PostgreSQL (DATABASE_URL)")
+
+
+def _sandbox(organization, state=SandboxState.CREATING) -> Sandbox:  # type: ignore[no-untyped-def]
+    return Sandbox.objects.create(
+        organization=organization,
+        provider="local",
+        template="default",
+        state=state,
+        timeout_s=60,
+        expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+
+
+def _state_seen_elsewhere(sandbox_id: str) -> str:
+    """The row's state read by a connection of its own: only what was committed."""
+    params = connection.get_connection_params()
+    params.pop("context", None)
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        row = other.execute(
+            "SELECT state FROM sandboxes_sandbox WHERE id = %s", [sandbox_id]
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_state_change_alone_is_one_statement(postgres, org_a):
+    sandbox = _sandbox(org_a)
+    before = _synchronous_commit()
+    with CaptureQueriesContext(connection) as queries:
+        won = sandbox_transition(sandbox, SandboxState.RUNNING, provider_id="p-1")
+    assert won and sandbox.state == SandboxState.RUNNING
+    assert len(queries) == 1
+    assert queries[0]["sql"].startswith(f"{FAST_COMMIT_SQL}; UPDATE ")
+    assert _state_seen_elsewhere(sandbox.pk) == SandboxState.RUNNING  # committed
+    assert _synchronous_commit() == before  # the setting stayed in that statement's transaction
+    # Losing (already destroyed) is a row count of 0, read from the statement, not the setting.
+    Sandbox.objects.filter(pk=sandbox.pk).update(state=SandboxState.DESTROYED)
+    assert not sandbox_transition(sandbox, SandboxState.PAUSED)
+    assert _state_seen_elsewhere(sandbox.pk) == SandboxState.DESTROYED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_it_is_sent_as_before(postgres, org_a):
+    sandbox = _sandbox(org_a)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            assert sandbox_transition(sandbox, SandboxState.RUNNING, provider_id="p-2")
+        statements = [query["sql"] for query in queries]
+        assert FAST_COMMIT_SQL in statements
+        assert not any("; " in sql for sql in statements)
+        assert _state_seen_elsewhere(sandbox.pk) == SandboxState.CREATING  # not yet committed
+    assert _state_seen_elsewhere(sandbox.pk) == SandboxState.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_and_count_share_a_round_trip_and_serialize_creates(postgres, org_a):
+    _sandbox(org_a, SandboxState.RUNNING)
+    first_locked, first_may_commit = threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+    sql: list[str] = []
+
+    def first() -> None:
+        try:
+            with CaptureQueriesContext(connections["default"]) as queries:
+                with fast_commit(caller_sends_setting=True) as setting:
+                    seen["first"] = capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
+                    first_locked.set()
+                    first_may_commit.wait(30)
+                    _sandbox(org_a)  # a create's insert, committed with the lock's release
+            sql.extend(query["sql"] for query in queries)
+        finally:
+            first_locked.set()
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            with fast_commit(caller_sends_setting=True) as setting:
+                seen["second"] = capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert first_locked.wait(30)
+    two = threading.Thread(target=second)
+    two.start()
+    try:
+        _wait_for_a_lock_wait()  # the second's statement waits on the first's row lock
+    finally:
+        first_may_commit.set()
+        one.join(30)
+        two.join(30)
+    assert seen == {"first": 1, "second": 2}  # the second counted the first's new row
+    locks = [statement for statement in sql if "FOR UPDATE" in statement]
+    assert len(locks) == 1 and "COUNT(*)" in locks[0]
+    assert locks[0].startswith(f"{FAST_COMMIT_SQL}; SELECT 1 FROM ")  # noqa: S608 - expected text
+    assert FAST_COMMIT_SQL not in sql  # not sent again on its own
+
+
+def _wait_for_a_lock_wait() -> None:
+    """Until some backend of this database waits on a lock (polled; no timing asserted)."""
+    name = settings.DATABASES["default"]["NAME"]
+    for _ in range(3000):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.01)
+    pytest.fail(f"no statement ever waited on a lock in {name}")
