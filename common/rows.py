@@ -1,5 +1,5 @@
-"""One model row by a fixed condition: the statement, its converters and the model's
-attribute order worked out once, the row read with a plain cursor.
+"""One model row by a fixed condition, or one new row: the statement, its converters and
+the model's attribute order worked out once, the row read or written with a plain cursor.
 
 For a lookup made on every request (the caller's organization, the sandbox an operation
 names) the ORM compiled the query each time, and a raw queryset still re-derived the
@@ -17,7 +17,8 @@ from typing import Any, Generic, TypeVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
+from django.db.models import Field, Model
+from django.db.models.signals import post_save, pre_save
 
 M = TypeVar("M", bound=Model)
 
@@ -90,3 +91,53 @@ class RowLookup(Generic[M]):
         if not isinstance(column, str):
             raise ValueError(f"{self.model.__name__}.{name} is not a column")
         return column
+
+
+class RowInsert(Generic[M]):
+    """`model`'s INSERT of every concrete column, written once; `insert(instance)` stores a
+    new instance as ``instance.save(force_insert=True)`` stores it: each field's
+    ``pre_save(add=True)`` (so ``auto_now_add`` and the like apply) and
+    ``get_db_prep_save``, then the instance marked saved. The ORM compiled the statement and
+    walked the fields' machinery for every create (0.57 ms of a sandbox create's CPU).
+
+    Only for models whose primary key is set before the insert (a default, not a database
+    sequence) and that return no column from it. While anything listens to the model's
+    pre_save or post_save, it saves through the ORM, which sends them."""
+
+    def __init__(self, model: type[M]) -> None:
+        meta = model._meta
+        fields: tuple[Field[Any, Any], ...] = tuple(meta.local_concrete_fields)
+        if meta.auto_field is not None or meta.db_returning_fields:
+            raise ValueError(f"{model.__name__} gets values back from its insert: use the ORM")
+        # django-stubs 5.2 lacks Field.has_db_default (Django >= 5.0 has it).
+        if meta.parents or any(field.generated or field.has_db_default() for field in fields):  # type: ignore[attr-defined]
+            raise ValueError(f"{model.__name__}'s insert is not one plain statement: use the ORM")
+        self.model = model
+        self.fields = fields
+        self._sql: dict[str, str] = {}
+
+    def sql(self, using: str = "default") -> str:
+        sql = self._sql.get(using)
+        if sql is None:
+            quote = connections[using].ops.quote_name
+            columns = ", ".join(quote(field.column) for field in self.fields)
+            marks = ", ".join(["%s"] * len(self.fields))
+            table = quote(self.model._meta.db_table)
+            # Identifiers from the model, quoted; the values are parameters.
+            sql = self._sql[using] = f"INSERT INTO {table} ({columns}) VALUES ({marks})"  # noqa: S608
+        return sql
+
+    def insert(self, instance: M, using: str = "default") -> M:
+        if pre_save.has_listeners(self.model) or post_save.has_listeners(self.model):
+            instance.save(force_insert=True, using=using)
+            return instance
+        connection = connections[using]
+        values = [
+            field.get_db_prep_save(field.pre_save(instance, True), connection)
+            for field in self.fields
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql(using), values)
+        instance._state.adding = False
+        instance._state.db = using
+        return instance

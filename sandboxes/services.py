@@ -30,6 +30,7 @@ from accounts.tokens import sandbox_token_encode
 from common.dbconn import release_idle_connection
 from common.errors import ApplicationError, Conflict, Forbidden, QuotaExceeded
 from common.metrics import counter_inc
+from common.rows import RowInsert
 
 from .activity import ACTIVITY_WRITE_INTERVAL_S, sandbox_touch, sandbox_touch_id
 from .caller import PLATFORM, Caller, billing_authorize, billing_record, metered
@@ -85,6 +86,9 @@ CAPPED_STATES = (*LIVE_STATES, SandboxState.PAUSED)
 """States counted against the concurrent-sandboxes cap: a paused sandbox keeps its memory
 and its provider resource, so it still takes a place; an archived one holds only a
 snapshot, so it does not (resuming it takes a place again)."""
+
+
+SANDBOX_INSERT = RowInsert(Sandbox)
 
 
 def max_concurrent_sandboxes(organization: Organization) -> int:
@@ -230,20 +234,22 @@ def sandbox_create(
                 "Destroy one or ask an operator to raise the limit.",
                 code="sandbox_limit_reached",
             )
-        sandbox = Sandbox.objects.create(
-            organization=organization,
-            created_by=principal.user,
-            created_by_key=principal.api_key,
-            provider=provider.name,
-            template=template,
-            resources=resolved.__dict__,
-            timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
-            network=network,
-            isolation=provider_isolation(provider, runtime),
-            metadata=dict(metadata or {}),
-            ephemeral=ephemeral,
-            expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
-            snapshot=snapshot,
+        sandbox = SANDBOX_INSERT.insert(
+            Sandbox(
+                organization=organization,
+                created_by=principal.user,
+                created_by_key=principal.api_key,
+                provider=provider.name,
+                template=template,
+                resources=resolved.__dict__,
+                timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
+                network=network,
+                isolation=provider_isolation(provider, runtime),
+                metadata=dict(metadata or {}),
+                ephemeral=ephemeral,
+                expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
+                snapshot=snapshot,
+            )
         )
     spec = SandboxSpec(
         sandbox_id=sandbox.id,

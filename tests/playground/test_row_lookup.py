@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
+from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import Organization
 from accounts.principal import ORGANIZATION_BY_ID, Principal
-from common.rows import RowLookup
+from common.rows import RowInsert, RowLookup
 from sandboxes.models import Sandbox
+from sandboxes.services import SANDBOX_INSERT
 
 pytestmark = pytest.mark.django_db
 
@@ -59,3 +61,72 @@ def test_json_and_datetime_columns_convert_as_the_orm_converts(org_a, org_b):
     # Every condition applies: another organization's id is a miss.
     assert lookup.get(sandbox.pk, org_b.pk) is None
     assert lookup.sql().count("%s") == 2
+
+
+def _stored(model: type[Model], pk: object) -> dict[str, object]:
+    return model.objects.filter(pk=pk).values(*(f.attname for f in model._meta.concrete_fields))[0]
+
+
+def test_an_insert_stores_what_the_orm_stores(org_a, alice):
+    now = timezone.now()
+    given = {
+        "organization": org_a,
+        "created_by": alice,
+        "provider": "local",
+        "template": "python",
+        "timeout_s": 60,
+        "expires_at": now,
+        "resources": {"memory_mb": 512, "nested": {"list": [1, "two", None]}},
+        "metadata": {"ünïcode": "✓", "quote'd": 'a"b', "n": 1.5},
+        "network": True,
+    }
+    ours = SANDBOX_INSERT.insert(Sandbox(**given))
+    theirs = Sandbox.objects.create(**given)
+    assert ours._state.adding is False and ours._state.db == "default"
+    assert ours.pk != theirs.pk and ours.pk.startswith("sbx_")  # the key's default ran
+    stored_ours, stored_theirs = _stored(Sandbox, ours.pk), _stored(Sandbox, theirs.pk)
+    for name in ("id", "created_at", "last_activity_at"):  # defaults: each row its own
+        assert stored_ours.pop(name) is not None
+        stored_theirs.pop(name)
+    assert stored_ours == stored_theirs
+    for field in Sandbox._meta.concrete_fields:  # the instance is the ORM's, value and type
+        if field.attname not in ("id", "created_at", "last_activity_at"):
+            mine, orms = getattr(ours, field.attname), getattr(theirs, field.attname)
+            assert mine == orms and type(mine) is type(orms), field.name
+    ours.state = "running"  # an ordinary saved instance: it updates, it does not insert
+    ours.save(update_fields=["state"])
+    assert Sandbox.objects.get(pk=ours.pk).state == "running"
+
+
+def test_an_insert_is_one_statement_and_a_duplicate_key_fails(org_a):
+    sandbox = Sandbox(organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now())
+    with CaptureQueriesContext(connection) as queries:
+        SANDBOX_INSERT.insert(sandbox)
+    assert len(queries) == 1 and queries[0]["sql"].startswith("INSERT INTO")
+    again = Sandbox(
+        pk=sandbox.pk, organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now()
+    )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        SANDBOX_INSERT.insert(again)
+
+
+def test_save_signals_are_kept_while_anything_listens(org_a):
+    heard: list[tuple[str, bool]] = []
+
+    def listener(sender, instance, created=None, **kwargs):  # type: ignore[no-untyped-def]
+        heard.append((instance.pk, bool(created)))
+
+    post_save.connect(listener, sender=Sandbox, weak=False)
+    try:
+        sandbox = SANDBOX_INSERT.insert(
+            Sandbox(organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now())
+        )
+    finally:
+        post_save.disconnect(listener, sender=Sandbox)
+    assert heard == [(sandbox.pk, True)]
+    assert Sandbox.objects.filter(pk=sandbox.pk).exists()
+
+
+def test_models_an_insert_cannot_write_alone_are_refused():
+    with pytest.raises(ValueError, match="gets values back"):
+        RowInsert(Organization)  # a database sequence gives its key
