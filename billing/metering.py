@@ -38,6 +38,7 @@ from redis.exceptions import LockError
 from accounts.models import Organization
 from common.errors import PaymentRequired
 from common.redis_scripts import LuaScript
+from common.redis_scripts import command as redis_command
 
 from . import pricing
 from .ledger import (
@@ -201,8 +202,8 @@ class RedisMeter:
             self._counter(organization_id, start),
             self._seeded(organization_id, start),
         )
-        count, seeded_flag, change_at, epoch = self.client.mget(
-            counter, seeded, self._plan_change(organization_id), self.epoch
+        count, seeded_flag, change_at, epoch = redis_command(
+            self.client, "MGET", counter, seeded, self._plan_change(organization_id), self.epoch
         )
         if epoch is None:
             epoch = self._epoch(keys=[self.epoch], args=[_to_micros(now)])

@@ -1,10 +1,11 @@
-"""A Redis Lua script called on every request, with its command encoded here.
+"""Redis commands made on every request (Lua scripts, a few plain reads), encoded here.
 
 redis-py's `Script` encodes EVALSHA's arguments one by one through its general encoder and
 goes through the client's generic command path: about 95 µs of CPU for the rate limit's
 call with ten arguments, against 58 µs for the same round trip with the command written as
 one RESP array by a few lines of formatting (measured in one process, same Redis). An API
-key's request makes that call; a metered one makes the usage record's too.
+key's request makes that call; a metered one makes the usage record's and a read of its
+period's counters too.
 
 The connection comes from the client's own pool (which reconnects a connection the server
 closed, before handing it out), so the pool's size, timeouts and TLS settings hold. A
@@ -41,6 +42,31 @@ def resp_command(*args: Arg) -> bytes:
     return b"*%d\r\n%b" % (len(args), b"".join(_bulk(arg) for arg in args))
 
 
+def command(client: redis.Redis, *args: Arg) -> Any:
+    """One command (e.g. "MGET", key, ...) on `client`'s pool; Redis's reply as redis-py
+    parses it, before any of the client's per-command conversions (bytes, not decoded)."""
+    return send(client, resp_command(*args))
+
+
+def send(client: redis.Redis, command: bytes) -> Any:
+    """Send one encoded command on a connection of `client`'s pool and read its reply."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        try:
+            connection.send_packed_command([command], check_health=False)
+        except (redis.ConnectionError, redis.TimeoutError):
+            # Not sent, so nothing happened: once more on a new connection.
+            connection.disconnect()
+            connection.send_packed_command([command], check_health=False)
+        return connection.read_response()
+    except (redis.ConnectionError, redis.TimeoutError):
+        connection.disconnect()  # its state is unknown: never handed out as it is
+        raise
+    finally:
+        pool.release(connection)
+
+
 class LuaScript:
     """`source`, run by EVALSHA on `client`'s connection pool (EVAL when Redis has not
     cached it yet: after a restart or SCRIPT FLUSH). Calling it returns Redis's reply as
@@ -54,24 +80,7 @@ class LuaScript:
     def __call__(self, keys: Sequence[str], args: Sequence[Arg] = ()) -> Any:
         by_sha = resp_command("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
-            return self._send(by_sha)
+            return send(self.client, by_sha)
         except NoScriptError:
             # EVAL runs the script and caches it, so the next EVALSHA finds it.
-            return self._send(resp_command("EVAL", self.source, len(keys), *keys, *args))
-
-    def _send(self, command: bytes) -> Any:
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            try:
-                connection.send_packed_command([command], check_health=False)
-            except (redis.ConnectionError, redis.TimeoutError):
-                # Not sent, so nothing counted: once more on a new connection.
-                connection.disconnect()
-                connection.send_packed_command([command], check_health=False)
-            return connection.read_response()
-        except (redis.ConnectionError, redis.TimeoutError):
-            connection.disconnect()  # its state is unknown: never handed out as it is
-            raise
-        finally:
-            pool.release(connection)
+            return send(self.client, resp_command("EVAL", self.source, len(keys), *keys, *args))

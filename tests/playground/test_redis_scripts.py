@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from common.redis_scripts import LuaScript, resp_command
+from common.redis_scripts import LuaScript, command, resp_command
 from tests.requirements import missing_part
 
 COUNT = "return redis.call('INCR', KEYS[1])"
@@ -135,3 +135,13 @@ def test_concurrent_callers_count_every_call_once(client, key):
         thread.join()
     assert sorted(replies) == list(range(1, 401))
     assert int(client.get(key)) == 400
+
+
+def test_a_plain_command_replies_as_redis_py(client, key):
+    client.set(key, b"\x00value\r\n")
+    missing = f"{key}:missing"
+    assert command(client, "MGET", key, missing, key) == client.mget(key, missing, key)
+    assert command(client, "MGET", key, missing) == [b"\x00value\r\n", None]
+    with pytest.raises(redis.ResponseError):
+        command(client, "NO-SUCH-COMMAND")
+    assert command(client, "GET", key) == b"\x00value\r\n"  # the connection is still good
