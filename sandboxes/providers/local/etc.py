@@ -62,6 +62,8 @@ class JailEtc:
         self.generated = dict(generated)
         self.network_files = dict(network_files)
         self.host_etc = Path(host_etc)
+        # Checked before every jail starts: plain strings, not a Path built per name each time.
+        self._top_paths = tuple(os.fspath(self.host_etc / name) for name in self.names)
         self._lock = threading.Lock()
         self._quick: tuple[object, ...] | None = None
         self._walked_at = 0.0
@@ -98,7 +100,7 @@ class JailEtc:
     # ------------------------------------------------------------------ internals
 
     def _top_level(self) -> tuple[object, ...]:
-        return tuple(_stat_key(self.host_etc / name, follow=True) for name in self.names)
+        return tuple(_stat_key(path, follow=True) for path in self._top_paths)
 
     def _fingerprint(self) -> str:
         digest = hashlib.sha256()
@@ -156,7 +158,7 @@ class JailEtc:
             os.chmod(path, 0o644)
 
 
-def _stat_key(path: Path, *, follow: bool) -> tuple[object, ...]:
+def _stat_key(path: str | Path, *, follow: bool) -> tuple[object, ...]:
     try:
         st = os.stat(path) if follow else os.lstat(path)
     except OSError:
