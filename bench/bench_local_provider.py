@@ -1,12 +1,14 @@
 """Raw LocalProvider latency against bare bubblewrap on this machine.
 
-Usage: .venv/bin/python bench/bench_local_provider.py [runs]
+Usage: [BENCH_LIVE=100] .venv/bin/python bench/bench_local_provider.py [runs]
 Prints p50/p95 in ms for: bwrap spawning `python3 -c pass` with the jail's own
 flags; create + first exec of the same command, cold and from a warm pool of 2
 (given time to refill between creates, so every create claims a warm jail);
 exec round trips; destroy. Also the whole machine's CPU per raw spawn and per cold
 sandbox (create, first exec, destroy): what a burst of cold sandboxes is bound by on a
 machine with few cores (read from /proc/stat, so run it on an otherwise idle machine).
+Last, cold starts again with BENCH_LIVE other sandboxes live, through jail_launch and through
+setpriv alternated, beside the raw spawn then (each live sandbox is a mount on the host).
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def main() -> None:
         rt_write.append((time.perf_counter() - t) * 1000)
     provider.destroy(sid)
 
+    crowded = crowded_starts(root, runs)
+
     print(f"runs: {runs}")
     report("raw bwrap `python3 -c pass`", raw)
     report("create()", create)
@@ -161,6 +165,55 @@ def main() -> None:
     )
     target = 2 * pct(raw, 0.5) + 10
     print(f"target create+first p50 <= 2*raw+10 = {target:.2f} ms")
+    print(
+        f"\ncold create + first exec + destroy with {LIVE} other sandboxes live, p50 ms "
+        "(CPU per sandbox, machine); the raw floor beside it"
+    )
+    for label, (times, cpu) in crowded.items():
+        print(f"{label:<52} p50 {pct(times, 0.5):7.2f} ms   CPU {cpu:6.2f} ms")
+
+
+LIVE = int(os.environ.get("BENCH_LIVE", "100"))
+"""Other sandboxes live while `crowded_starts` measures (each holds a tmpfs mount on the
+host); BENCH_LIVE sets it."""
+
+
+def crowded_starts(root: Path, runs: int) -> dict[str, tuple[list[float], float]]:
+    """Cold starts with LIVE other sandboxes live, through jail_launch (launcher.py) and
+    through setpriv beside every volume, alternated run by run, and the raw floor then."""
+    apart = LocalProvider(root / "crowded")
+    beside = LocalProvider(root / "crowded", launch_apart=False)
+    live = [apart.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id for _ in range(LIVE)]
+    argv = raw_bwrap_argv(root / "crowded")
+    results: dict[str, tuple[list[float], float]] = {}
+    try:
+        samples: dict[str, list[float]] = {"apart": [], "beside": [], "raw": []}
+        cpu = dict.fromkeys(samples, 0.0)
+        for _ in range(runs):
+            for label, provider in (("apart", apart), ("beside", beside)):
+                busy = machine_busy_ms()
+                t0 = time.perf_counter()
+                sid = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+                assert provider.exec(sid, PASS).exit_code == 0
+                samples[label].append((time.perf_counter() - t0) * 1000)
+                provider.destroy(sid)
+                cpu[label] += machine_busy_ms() - busy
+            busy = machine_busy_ms()
+            t0 = time.perf_counter()
+            subprocess.run(argv, check=True)
+            samples["raw"].append((time.perf_counter() - t0) * 1000)
+            cpu["raw"] += machine_busy_ms() - busy
+        names = {
+            "apart": "create + first exec, jail_launch (this product)",
+            "beside": "create + first exec, through setpriv (before)",
+            "raw": "raw bwrap `python3 -c pass` (floor)",
+        }
+        for label, times in samples.items():
+            results[names[label]] = (times, cpu[label] / runs)
+    finally:
+        for sid in live:
+            apart.destroy(sid)
+    return results
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.local import jail, net, rootfs, volume
+from sandboxes.providers.local import jail, launcher, net, rootfs, volume
 from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, pool_name
@@ -48,6 +48,7 @@ class JailBoot:
     bwrap_path: str
     _identities: HostIdentities
     _disk_quota: bool
+    _launcher: Path | None
     _cgroup_bases: dict[str, str]
     _shared_etc: Path
     _etc: JailEtc
@@ -164,7 +165,8 @@ class JailBoot:
         _hand_over_dirs(sdir, host_uid)
         if spec.restore_from:  # before anything of the sandbox runs (snapshot.py)
             restore_files(self.bwrap_path, spec.restore_from, sdir, host_uid)
-        if shutil.which(self.bwrap_path) is None:  # setpriv would start, then fail to exec it
+        bwrap = shutil.which(self.bwrap_path)
+        if bwrap is None:  # setpriv would start, then fail to exec it
             raise ProviderUnavailable(f"cannot run {self.bwrap_path}. {BWRAP_INSTALL_HINT}")
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         if warm:  # let it start without slowing the sandboxes in use
@@ -198,7 +200,17 @@ class JailBoot:
             ),
             "ab",
         )
-        argv, run_as = _run_as(argv, host_uid)
+        if self._launcher is not None:
+            run_as: _RunAs = {}
+            argv = launcher.argv(
+                self._launcher,
+                self.root_dir,
+                sdir / "vol" if self._disk_quota else None,
+                None if host_uid == os.geteuid() else host_uid,
+                [bwrap, *argv[1:]],
+            )
+        else:
+            argv, run_as = _run_as(argv, host_uid)
         try:
             proc = subprocess.Popen(
                 argv,

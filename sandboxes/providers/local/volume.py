@@ -13,6 +13,8 @@ cannot keep the sandbox directory from being removed. One mount per sandbox, not
 plus a bind per subdirectory: every new jail's namespace starts as a copy of the host's,
 and bwrap re-reads that whole mount table for each of its binds, so each live sandbox's
 mounts made every later jail's start dearer (the binds moved into the jail's command line).
+As root, bwrap starts through launcher.py's helper, which leaves it only the starting
+sandbox's own volume of them all.
 
 Trade-off: tmpfs lives in memory (and swap). Bytes written from inside the
 jail are charged to the sandbox's memory cgroup, bytes written host-side to
