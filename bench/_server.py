@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import json
 import os
@@ -143,3 +144,36 @@ def percentile(values: list[float], p: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 0x2
+VOLUME_SOURCE = "sandpit"
+"""The source name of every local sandbox's tmpfs (sandboxes/providers/local/volume.py)."""
+
+
+def floors_apart() -> int:
+    """Run this thread's later subprocesses (the raw floors) in a private mount namespace
+    without the sandboxes' volumes, now and later: each volume is a mount on the host, and
+    bwrap copies and re-reads the whole mount table, so a raw spawn measured beside the
+    server's live sandboxes would be dearer than on a host without them. Call it from the
+    thread that spawns the floors, after the server started (it stays in the host's
+    namespace). Returns how many volumes were detached; -1 when not root (floors as they are)."""
+    if os.geteuid() != 0:
+        return -1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    detached = 0
+    with open("/proc/self/mountinfo") as table:
+        lines = table.read().splitlines()
+    for line in reversed(lines):
+        fields, _, tail = line.partition(" - ")
+        if tail.split()[1:2] == [VOLUME_SOURCE]:
+            point = fields.split()[4].replace("\\040", " ")
+            detached += libc.umount2(os.fsencode(point), _MNT_DETACH) == 0
+    return detached

@@ -14,6 +14,9 @@ SANDPIT_LOCAL_WARM_POOL_MAX).
 The load comes from this process, on the server's own cores: by default a bare asyncio
 HTTP/1.1 client (bench/_lean_http.py); --client httpx for the earlier sessions' figures
 (its CPU per sandbox is printed beside the server's either way).
+Local floors run in a mount namespace of their own without the server's sandbox volumes
+(_server.floors_apart): each volume is a host mount that every raw bwrap would otherwise copy and
+re-read, which made the floor dearer the more sandboxes the server held.
 Only the ratios travel between machines (this one's speed drifts); the hosted figures printed
 at the end are other products' published numbers, for context only.
 
@@ -44,7 +47,14 @@ from typing import Any
 
 import httpx
 from _lean_http import LeanClient
-from _server import bench_env, create_org_and_key, daphne, ensure_database, percentile
+from _server import (
+    bench_env,
+    create_org_and_key,
+    daphne,
+    ensure_database,
+    floors_apart,
+    percentile,
+)
 from bench_sandbox_api import BWRAP
 
 IMAGE = os.environ.get("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
@@ -444,6 +454,14 @@ def main() -> None:
         with daphne(env, processes=args.processes) as port:
             meter.note_web_processes()
             meter.enter("floors")
+            if args.provider == "local":
+                detached = floors_apart()
+                notes.append(
+                    "floors: raw spawns in a mount namespace without the server's sandbox "
+                    f"volumes ({detached} detached at the start; later ones never reach it)"
+                    if detached >= 0
+                    else "floors: raw spawns beside the server's sandbox volumes (not root)"
+                )
             rows, cpu_rows = asyncio.run(measure(port, key, args, meter, notes, root))
     finally:
         meter.remove()
