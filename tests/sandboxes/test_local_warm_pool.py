@@ -482,6 +482,38 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
         pool.close()
 
 
+def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-untyped-def]
+    # A steady stream of creates is never quiet: waiting for quiet would drain the pool.
+    from sandboxes.providers.local.pool import _REFILL_QUIET_S, WarmJail, WarmPool
+
+    spawned: list[float] = []
+    spawn_lock = threading.Lock()
+
+    def spawn() -> WarmJail:
+        with spawn_lock:
+            spawned.append(time.monotonic())
+            return WarmJail(jail_id=f"stand-in-{len(spawned)}", config_fd=-1)
+
+    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    try:
+        assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
+        assert pool.wait_full(10)
+        assert len(spawned) == 4
+        # Two claims leave half the target idle: the refill still waits for quiet.
+        assert pool.claim(lambda warm: warm) is not None
+        assert pool.claim(lambda warm: warm) is not None
+        claimed_at = time.monotonic()
+        # A third leaves one of four: the refill starts without waiting for quiet.
+        assert pool.claim(lambda warm: warm) is not None
+        below_half_at = time.monotonic()
+        assert pool.wait_full(10)
+        assert len(spawned) == 7
+        assert spawned[4] - below_half_at < _REFILL_QUIET_S
+        assert spawned[4] - claimed_at < _REFILL_QUIET_S
+    finally:
+        pool.close()
+
+
 def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]
     # The pool's sizing alone, with stand-in jails whose start waits for a gate.
     from sandboxes.providers import burst_sizing
