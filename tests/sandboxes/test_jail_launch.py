@@ -6,6 +6,7 @@ which `make test` has."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -32,20 +33,27 @@ def helper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def points(mountinfo: str) -> set[str]:
+    """The mount points a mount table lists, with the kernel's octal escapes decoded."""
+    return {
+        re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), line.split()[4])
+        for line in mountinfo.splitlines()
+    }
+
+
 def mount_points() -> set[str]:
-    with open("/proc/self/mountinfo") as table:
-        return {line.split()[4] for line in table}
+    return points(Path("/proc/self/mountinfo").read_text())
 
 
 def mount_points_of(pid: int) -> set[str]:
-    with open(f"/proc/{pid}/mountinfo") as table:
-        return {line.split()[4] for line in table}
+    return points(Path(f"/proc/{pid}/mountinfo").read_text())
 
 
 @pytest.fixture
 def mounted_root(tmp_path: Path) -> Iterator[Path]:
-    """A shared mount (as / is on systemd hosts) holding two tmpfs mounts, a and b."""
-    root = tmp_path / "root"
+    """A shared mount (as / is on systemd hosts) holding two tmpfs mounts, a and b. Its
+    name has a space, which the kernel's mount table escapes."""
+    root = tmp_path / "jail root"
     root.mkdir()
     subprocess.run(["mount", "--bind", root, root], check=True)
     subprocess.run(["mount", "--make-shared", root], check=True)
@@ -70,7 +78,7 @@ def test_the_program_sees_only_the_volume_it_keeps(helper: Path, mounted_root: P
         helper, str(mounted_root), str(mounted_root / "b"), "-", "/bin/cat", "/proc/self/mountinfo"
     )
     assert result.returncode == 0, result.stderr
-    seen = {line.split()[4] for line in result.stdout.splitlines()}
+    seen = points(result.stdout)
     assert str(mounted_root / "b") in seen
     assert str(mounted_root / "a") not in seen
     assert str(mounted_root) in seen
@@ -102,7 +110,7 @@ def test_volumes_mounted_later_do_not_reach_a_running_jail(
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "t", later], check=True)
         out, _ = proc.communicate("go\n", timeout=10)
     assert str(later) in mount_points()
-    assert str(later) not in {line.split()[4] for line in out.splitlines()}
+    assert str(later) not in points(out)
 
 
 def test_it_drops_to_the_uid_with_no_groups_and_no_capabilities(helper: Path) -> None:
