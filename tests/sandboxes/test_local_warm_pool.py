@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.providers import burst_sizing
 from sandboxes.providers.base import (
     Capability,
     ExecRequest,
@@ -30,7 +31,7 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 from sandboxes.providers.local import LocalProvider, jail
-from sandboxes.providers.local.pool import PREFIX
+from sandboxes.providers.local.pool import PREFIX, REFILL_QUIET_S, WarmJail, WarmPool
 from tests.requirements import jail_root, missing_part
 from tests.sandboxes.snippets import run_code
 
@@ -449,19 +450,24 @@ def test_signals_do_not_reach_the_agent_of_a_claimed_jail(warm_provider, make_wa
     assert sh(warm_provider, sandbox, "echo alive").stdout == b"alive\n"
 
 
+class StandInSpawner:
+    """Starts stand-in warm jails (no process) and records when each start began."""
+
+    def __init__(self) -> None:
+        self.started_at: list[float] = []
+        # The refill may run one spawn per core at once: number them under a lock.
+        self._lock = threading.Lock()
+
+    def __call__(self) -> WarmJail:
+        with self._lock:
+            self.started_at.append(time.monotonic())
+            return WarmJail(jail_id=f"stand-in-{len(self.started_at)}", config_fd=-1)
+
+
 def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ignore[no-untyped-def]
     # The pool's scheduling alone, with stand-in jails (the real ones are tested above).
-    from sandboxes.providers.local.pool import _REFILL_QUIET_S, WarmJail, WarmPool
-
-    spawned: list[float] = []
-    spawn_lock = threading.Lock()
-
-    def spawn() -> WarmJail:
-        # The refill may run one spawn per core at once: number them under a lock.
-        with spawn_lock:
-            spawned.append(time.monotonic())
-            return WarmJail(jail_id=f"stand-in-{len(spawned)}", config_fd=-1)
-
+    spawn = StandInSpawner()
+    spawned = spawn.started_at
     pool = WarmPool(2, spawn, destroy=lambda jail_id: None)
     try:
         assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
@@ -472,7 +478,7 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
         assert pool.claim(lambda warm: warm.jail_id) in {"stand-in-1", "stand-in-2"}
         assert pool.wait_full(10)
         # One jail was still idle, so its replacement waited for the quiet period.
-        assert spawned[2] - claimed_at >= _REFILL_QUIET_S
+        assert spawned[2] - claimed_at >= REFILL_QUIET_S
         # Two quick claims empty the pool; then the refill does not wait.
         assert pool.claim(lambda warm: warm) is not None
         assert pool.claim(lambda warm: warm) is not None
@@ -484,16 +490,8 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
 
 def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-untyped-def]
     # A steady stream of creates is never quiet: waiting for quiet would drain the pool.
-    from sandboxes.providers.local.pool import _REFILL_QUIET_S, WarmJail, WarmPool
-
-    spawned: list[float] = []
-    spawn_lock = threading.Lock()
-
-    def spawn() -> WarmJail:
-        with spawn_lock:
-            spawned.append(time.monotonic())
-            return WarmJail(jail_id=f"stand-in-{len(spawned)}", config_fd=-1)
-
+    spawn = StandInSpawner()
+    spawned = spawn.started_at
     pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
     try:
         assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
@@ -508,16 +506,14 @@ def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-
         below_half_at = time.monotonic()
         assert pool.wait_full(10)
         assert len(spawned) == 7
-        assert spawned[4] - below_half_at < _REFILL_QUIET_S
-        assert spawned[4] - claimed_at < _REFILL_QUIET_S
+        assert spawned[4] - below_half_at < REFILL_QUIET_S
+        assert spawned[4] - claimed_at < REFILL_QUIET_S
     finally:
         pool.close()
 
 
 def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]
     # The pool's sizing alone, with stand-in jails whose start waits for a gate.
-    from sandboxes.providers import burst_sizing
-    from sandboxes.providers.local.pool import WarmJail, WarmPool
 
     gate = threading.Event()
     count = iter(range(1_000_000))
@@ -555,8 +551,6 @@ def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: igno
 
 
 def test_creates_the_refill_keeps_up_with_do_not_grow_the_pool():  # type: ignore[no-untyped-def]
-    from sandboxes.providers.local.pool import WarmJail, WarmPool
-
     count = iter(range(1_000_000))
     pool = WarmPool(
         2,

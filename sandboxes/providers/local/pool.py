@@ -17,7 +17,7 @@ shows them once it has died, so the reconciler cleans up after a crash.
 child starts with an empty pool of its own: the parent's jails stay the parent's.
 
 `workers` daemon threads per pool refill it (default: one per core, at most `size`), each
-one jail at a time, after a quiet moment (`_REFILL_QUIET_S`) unless the pool is below half
+one jail at a time, after a quiet moment (`REFILL_QUIET_S`) unless the pool is below half
 its target. Warm jails start in a background cgroup (idle CPU priority), so a refill running
 beside a burst of creates takes the cores only when the creates leave them idle; one worker alone took
 about 10 s to refill 100 jails here, so a second burst would have started cold.
@@ -52,7 +52,7 @@ T = TypeVar("T")
 PREFIX = "warm-"
 _CLOSE_WAIT_S = 10.0
 _MAX_BACKOFF_S = 30.0
-_REFILL_QUIET_S = 0.1
+REFILL_QUIET_S = 0.1
 """After a claim, a refill waits this long while at least half the target remains idle, so a
 new sandbox's first commands do not compete with starting its replacement in this process (its
 thread, its cgroup and mount work): about 2 ms of the first API command here. Below half it
@@ -230,8 +230,8 @@ class WarmPool:
                     continue
                 else:
                     quiet_for = time.monotonic() - self._last_claim
-                    if len(self._idle) * 2 >= target and quiet_for < _REFILL_QUIET_S:
-                        self._cond.wait(_REFILL_QUIET_S - quiet_for)
+                    if len(self._idle) * 2 >= target and quiet_for < REFILL_QUIET_S:
+                        self._cond.wait(REFILL_QUIET_S - quiet_for)
                         continue
                     self._starting += 1
             if surplus is not None:
