@@ -72,6 +72,13 @@ class Principal:
             self._organization = organization
         return self._organization
 
+    def adopt_organization(self, organization: Organization) -> None:
+        """Use a row of the caller's organization read with another (a sandbox's lookup
+        joins it) instead of querying for it on first use. Another organization's row is
+        ignored."""
+        if self._organization is None and organization.pk == self.organization_id:
+            self._organization = organization
+
     @property
     def can_manage(self) -> bool:
         return self.role in MANAGER_ROLES
@@ -84,8 +91,9 @@ class Principal:
 
 
 ORGANIZATION_BY_ID = RowLookup(Organization, "pk")
-"""`Organization.objects.get(pk=...)`, written once (common/rows.py): a create and every
-command load the organization (billing reads its plan and cap)."""
+"""`Organization.objects.get(pk=...)`, written once (common/rows.py): a create loads the
+organization (billing reads its plan and cap); an operation on a sandbox gets it joined to
+the sandbox's row instead (sandboxes/selectors.py)."""
 
 
 class MachineUser:

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model
+from django.db.models import Field, ForeignKey, Model
 from django.db.models.signals import post_save, pre_save
 
 M = TypeVar("M", bound=Model)
@@ -26,20 +26,45 @@ Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
 
 
 @dataclass(frozen=True)
-class _Plan:
-    sql: str
+class _Columns:
+    """One model's columns in a statement's result: where they start, and how each becomes
+    the attribute the ORM would give it."""
+
+    model: type[Model]
+    start: int
     attnames: tuple[str, ...]
     converters: tuple[tuple[int, tuple[Converter, ...], Any], ...]
-    """(column index, the converters the compiler applies to it, its expression)."""
+    """(column index within the model's part, the converters the compiler applies to it,
+    its expression)."""
+
+    def instance(self, row: tuple[Any, ...], connection: BaseDatabaseWrapper, using: str) -> Any:
+        values = list(row[self.start : self.start + len(self.attnames)])
+        for index, converters, expression in self.converters:
+            value = values[index]
+            for convert in converters:
+                value = convert(value, expression, connection)
+            values[index] = value
+        return self.model.from_db(using, self.attnames, values)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sql: str
+    columns: _Columns
+    joined: _Columns | None
 
 
 class RowLookup(Generic[M]):
     """`model`'s row whose `fields` (names, "pk" allowed) equal the parameters given to
-    `get`, as ``model.objects.get(...)`` would return it, or None."""
+    `get`, as ``model.objects.get(...)`` would return it, or None.
 
-    def __init__(self, model: type[M], *fields: str) -> None:
+    `join` (a non-null foreign key of `model`) reads the row it points to in the same
+    statement, as ``select_related(join)`` does: the instance comes back with it loaded."""
+
+    def __init__(self, model: type[M], *fields: str, join: str | None = None) -> None:
         self.model = model
         self.fields = fields
+        self.join = join
         self._plans: dict[str, _Plan] = {}
 
     def sql(self, using: str = "default") -> str:
@@ -53,13 +78,11 @@ class RowLookup(Generic[M]):
             row = cursor.fetchone()
         if row is None:
             return None
-        values = list(row)
-        for index, converters, expression in plan.converters:
-            value = values[index]
-            for convert in converters:
-                value = convert(value, expression, connection)
-            values[index] = value
-        return self.model.from_db(using, plan.attnames, values)
+        instance: M = plan.columns.instance(row, connection, using)
+        if plan.joined is not None and self.join is not None:
+            # The descriptor's own assignment: as select_related leaves it, cached.
+            setattr(instance, self.join, plan.joined.instance(row, connection, using))
+        return instance
 
     def _plan(self, using: str) -> _Plan:
         plan = self._plans.get(using)
@@ -71,18 +94,27 @@ class RowLookup(Generic[M]):
         connection = connections[using]
         quote = connection.ops.quote_name
         meta = self.model._meta
-        fields = meta.concrete_fields
-        columns = ", ".join(quote(field.column) for field in fields)
-        where = " AND ".join(f"{quote(self._column(name))} = %s" for name in self.fields)
-        # Identifiers from the model, quoted; the values are parameters.
-        sql = f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {where}"  # noqa: S608
-        compiler = self.model._default_manager.all().query.get_compiler(using)
-        found = compiler.get_converters([field.get_col(meta.db_table) for field in fields])
-        converters = tuple(
-            (index, tuple(functions), expression)
-            for index, (functions, expression) in sorted(found.items())
-        )
-        return _Plan(sql, tuple(field.attname for field in fields), converters)
+        table = quote(meta.db_table)
+        columns = _columns(self.model, using, 0)
+        selected = [f"{table}.{quote(field.column)}" for field in meta.concrete_fields]
+        source = table
+        joined = None
+        if self.join is not None:
+            key = meta.get_field(self.join)
+            related = getattr(key, "related_model", None)
+            if not isinstance(key, ForeignKey) or key.null or related is None:
+                raise ValueError(f"{self.model.__name__}.{self.join} is not a required foreign key")
+            joined = _columns(related, using, len(selected))
+            other = quote(related._meta.db_table)
+            selected += [
+                f"{other}.{quote(field.column)}" for field in related._meta.concrete_fields
+            ]
+            target = quote(key.target_field.column)
+            source += f" INNER JOIN {other} ON {other}.{target} = {table}.{quote(key.column)}"
+        where = " AND ".join(f"{table}.{quote(self._column(name))} = %s" for name in self.fields)
+        # Identifiers from the models, quoted; the values are parameters.
+        sql = f"SELECT {', '.join(selected)} FROM {source} WHERE {where}"  # noqa: S608
+        return _Plan(sql, columns, joined)
 
     def _column(self, name: str) -> str:
         meta = self.model._meta
@@ -91,6 +123,19 @@ class RowLookup(Generic[M]):
         if not isinstance(column, str):
             raise ValueError(f"{self.model.__name__}.{name} is not a column")
         return column
+
+
+def _columns(model: type[Model], using: str, start: int) -> _Columns:
+    """`model`'s concrete columns from `start` on, with the converters its compiler applies."""
+    meta = model._meta
+    fields = meta.concrete_fields
+    compiler = model._default_manager.all().query.get_compiler(using)
+    found = compiler.get_converters([field.get_col(meta.db_table) for field in fields])
+    converters = tuple(
+        (index, tuple(functions), expression)
+        for index, (functions, expression) in sorted(found.items())
+    )
+    return _Columns(model, start, tuple(field.attname for field in fields), converters)
 
 
 class RowInsert(Generic[M]):

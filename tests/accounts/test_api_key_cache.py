@@ -163,3 +163,29 @@ def test_a_principal_loads_the_row_the_orm_loads(org_a):  # type: ignore[no-unty
     assert loaded._state.adding is False and loaded._state.db == "default"
     with pytest.raises(Organization.DoesNotExist):
         _ = Principal(organization_id=org_a.pk + 10_000).organization
+
+
+@pytest.mark.django_db
+def test_a_command_reads_the_organization_only_with_its_sandbox(org_a, local_sandboxes):  # type: ignore[no-untyped-def]
+    """A cached key knows only its organization's id; a metered command gets the row joined
+    to its sandbox's lookup (sandboxes/selectors.py), read afresh on every request."""
+    issued = api_key_create(organization=org_a, name="ci")
+    client = _client(issued.secret)
+    _warm(client, "/api/v1/sandboxes")
+    created = client.post("/api/v1/sandboxes", {}, format="json")
+    assert created.status_code == 201, created.content
+    path = f"/api/v1/sandboxes/{created.json()['id']}/commands"
+    echo = {"command": "echo", "args": ["hi"]}
+    with CaptureQueriesContext(connection) as queries:
+        ran = client.post(path, echo, format="json")
+    assert ran.status_code == 200 and ran.json()["stdout"] == "hi\n", ran.content
+    reads = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("SELECT") and '"accounts_organization"' in q["sql"]
+    ]
+    assert len(reads) == 1 and '"sandboxes_sandbox"' in reads[0], reads
+    # Never remembered between requests: a cap below the base fee, set just now behind the
+    # model's back, refuses the very next command.
+    Organization.objects.filter(pk=org_a.pk).update(spending_cap_cents=1)
+    assert_error(client.post(path, echo, format="json"), 402, "spending_cap_reached")

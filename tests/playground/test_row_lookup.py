@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save
@@ -61,6 +62,47 @@ def test_json_and_datetime_columns_convert_as_the_orm_converts(org_a, org_b):
     # Every condition applies: another organization's id is a miss.
     assert lookup.get(sandbox.pk, org_b.pk) is None
     assert lookup.sql().count("%s") == 2
+
+
+def test_a_joined_lookup_reads_both_rows_as_select_related_does(org_a, org_b):
+    org_a.spending_cap_cents = 4_321
+    org_a.save()
+    sandbox = Sandbox.objects.create(
+        organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now()
+    )
+    lookup = RowLookup(Sandbox, "pk", "organization", join="organization")
+    with CaptureQueriesContext(connection) as queries:
+        found = lookup.get(sandbox.pk, org_a.pk)
+        assert found is not None
+        organization = found.organization  # loaded with the sandbox: no query of its own
+    assert len(queries) == 1 and " JOIN " in queries[0]["sql"]
+    expected = Sandbox.objects.select_related("organization").get(pk=sandbox.pk)
+    _same_fields(found, expected, Sandbox)
+    _same_fields(organization, expected.organization, Organization)
+    assert organization._state.adding is False and organization._state.db == "default"
+    # The join does not widen the conditions: another organization's id is still a miss.
+    assert lookup.get(sandbox.pk, org_b.pk) is None
+    assert lookup.get("no-such-sandbox", org_a.pk) is None
+
+
+@pytest.mark.parametrize("join", ["created_by", "state", "no_such_field"])
+def test_only_a_required_foreign_key_can_be_joined(join):
+    # A nullable key would drop rows from an inner join; other fields are not keys at all.
+    lookup = RowLookup(Sandbox, "pk", join=join)
+    with pytest.raises((ValueError, FieldDoesNotExist)):
+        lookup.sql()
+
+
+def test_a_principal_adopts_only_its_own_organizations_row(org_a, org_b):
+    principal = Principal(organization_id=org_a.pk)
+    principal.adopt_organization(Organization.objects.get(pk=org_b.pk))  # ignored
+    principal.adopt_organization(Organization.objects.get(pk=org_a.pk))
+    with CaptureQueriesContext(connection) as queries:
+        assert principal.organization.pk == org_a.pk
+    assert len(queries) == 0
+    loaded = Principal(organization=org_a)
+    loaded.adopt_organization(Organization.objects.get(pk=org_a.pk))
+    assert loaded.organization is org_a  # one already loaded is kept
 
 
 def _stored(model: type[Model], pk: object) -> dict[str, object]:
