@@ -189,3 +189,18 @@ def test_a_command_reads_the_organization_only_with_its_sandbox(org_a, local_san
     # model's back, refuses the very next command.
     Organization.objects.filter(pk=org_a.pk).update(spending_cap_cents=1)
     assert_error(client.post(path, echo, format="json"), 402, "spending_cap_reached")
+
+
+@pytest.mark.django_db
+def test_a_read_of_a_sandbox_does_not_read_its_organization(org_a, local_sandboxes):  # type: ignore[no-untyped-def]
+    issued = api_key_create(organization=org_a, name="ci")
+    client = _client(issued.secret)
+    _warm(client, "/api/v1/sandboxes")
+    created = client.post("/api/v1/sandboxes", {}, format="json")
+    assert created.status_code == 201, created.content
+    for suffix in ("", "/stats"):  # neither is billed
+        with CaptureQueriesContext(connection) as queries:
+            read = client.get(f"/api/v1/sandboxes/{created.json()['id']}{suffix}")
+        assert read.status_code == 200, read.content
+        statements = [q["sql"] for q in queries.captured_queries]
+        assert not any('"accounts_organization"' in sql for sql in statements), statements

@@ -10,6 +10,7 @@ import jwt
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.authentication import Principal
@@ -375,13 +376,21 @@ def test_the_sandbox_lookup_reads_what_the_orm_reads(api_a, api_b, sandbox_a, or
     """sandbox_get_for_principal writes its statement once (sandboxes/selectors.py): the
     same row, field by field, as the ORM's lookup, and the same response as a new
     serializer; another organization's id is a miss."""
-    found = sandbox_get_for_principal(
-        principal=Principal(organization_id=org_a.pk), sandbox_id=sandbox_a["id"]
-    )
     expected = Sandbox.objects.get(pk=sandbox_a["id"], organization=org_a)
-    for field in Sandbox._meta.concrete_fields:
-        assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
-    assert found._state.adding is False and found._state.db == "default"
+    for with_organization in (True, False):
+        principal = Principal(organization_id=org_a.pk)
+        with CaptureQueriesContext(connection) as queries:
+            found = sandbox_get_for_principal(
+                principal=principal,
+                sandbox_id=sandbox_a["id"],
+                with_organization=with_organization,
+            )
+            assert principal.organization.pk == org_a.pk
+        # One statement with the organization joined, else a query of its own on first use.
+        assert len(queries) == (1 if with_organization else 2)
+        for field in Sandbox._meta.concrete_fields:
+            assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
+        assert found._state.adding is False and found._state.db == "default"
     read = api_a.get(url(sandbox_a))
     assert read.json() == serializers.SandboxOutput(expected).data
     # Rendered in the view's thread (SandboxApi.finalize_response), DRF's headers kept.
