@@ -173,16 +173,39 @@ class RowInsert(Generic[M]):
         return sql
 
     def insert(self, instance: M, using: str = "default") -> M:
-        if pre_save.has_listeners(self.model) or post_save.has_listeners(self.model):
+        if self.saves_through_orm():
             instance.save(force_insert=True, using=using)
             return instance
+        with connections[using].cursor() as cursor:
+            cursor.execute(self.sql(using), self.values(instance, using))
+        return self.saved(instance, using)
+
+    def saves_through_orm(self) -> bool:
+        """Whether something listens to the model's saves (then only the ORM may save it)."""
+        return pre_save.has_listeners(self.model) or post_save.has_listeners(self.model)
+
+    def values(self, instance: M, using: str = "default") -> list[Any]:
+        """The instance's column values as its insert sends them, in the statement's order."""
         connection = connections[using]
-        values = [
+        return [
             field.get_db_prep_save(field.pre_save(instance, True), connection)
             for field in self.fields
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql(using), values)
+
+    def sql_where(self, condition: str, using: str = "default") -> str:
+        """The insert of one row only while `condition` (SQL, its own parameters after the
+        values') holds when the statement runs: ``INSERT ... SELECT <values> WHERE ...``.
+        Each value is cast to its column's type, which a VALUES list would have implied."""
+        connection = connections[using]
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(field.column) for field in self.fields)
+        typed = ", ".join(f"%s::{field.db_type(connection)}" for field in self.fields)
+        table = quote(self.model._meta.db_table)
+        # Identifiers and types from the model; the values are parameters.
+        return f"INSERT INTO {table} ({columns}) SELECT {typed} WHERE {condition}"  # noqa: S608
+
+    def saved(self, instance: M, using: str = "default") -> M:
+        """Mark `instance` stored, as the ORM does after its insert."""
         instance._state.adding = False
         instance._state.db = using
         return instance

@@ -38,6 +38,7 @@ from .engines import engine_spec_labels, handle_engine
 from .events import sandbox_event_broadcast
 from .models import LIVE_STATES, Sandbox, SandboxState, Snapshot
 from .provider_access import (
+    FAST_COMMIT_SQL,
     fast_commit,
     provider_call,
     provider_for,
@@ -115,6 +116,43 @@ def capped_sandboxes_lock_and_count(organization_id: int, *, prefix: str = "") -
             cursor.execute(count_sql, count_params)
         (live,) = cursor.fetchone()
     return int(live)
+
+
+def sandbox_insert_capped(sandbox: Sandbox, limit: int) -> int | None:
+    """Insert `sandbox` unless its organization already has `limit` sandboxes in
+    CAPPED_STATES: None once inserted, else how many it has (and nothing is inserted).
+
+    Two creates never both pass the limit: the organization's row is locked first and the
+    count is read after the lock is granted. On PostgreSQL outside any transaction this is
+    one round trip, not four (BEGIN, lock and count, insert, COMMIT): the lock, then the
+    insert with the count as its condition (a later statement, so a later snapshot), in the
+    implicit transaction of one query, committed as fast_commit commits. Elsewhere, a
+    transaction of the lock and count, then the insert."""
+    lock_sql, count_sql = _capped_sql()
+    states = [str(state) for state in CAPPED_STATES]
+    with connection.cursor() as cursor:
+        alone = not connection.in_atomic_block and connection.get_autocommit()
+        if alone and takes_several_statements(cursor) and not SANDBOX_INSERT.saves_through_orm():
+            insert_sql = SANDBOX_INSERT.sql_where(f"({count_sql}) < %s")
+            values = SANDBOX_INSERT.values(sandbox)
+            cursor.execute(
+                f"{FAST_COMMIT_SQL}; {lock_sql}; {insert_sql}",
+                [sandbox.organization_id, *values, sandbox.organization_id, *states, limit],
+            )
+            while cursor.nextset():  # to the insert's result, the last one
+                pass
+            if cursor.rowcount == 1:
+                SANDBOX_INSERT.saved(sandbox)
+                return None
+            cursor.execute(count_sql, [sandbox.organization_id, *states])
+            (live,) = cursor.fetchone()
+            return max(int(live), limit)  # sandboxes destroyed since the insert's count
+    with fast_commit(caller_sends_setting=True) as setting:
+        live = capped_sandboxes_lock_and_count(sandbox.organization_id, prefix=setting)
+        if live >= limit:
+            return live
+        SANDBOX_INSERT.insert(sandbox)
+    return None
 
 
 @cache
@@ -226,30 +264,27 @@ def sandbox_create(
     resolved = resources_from_request(resources)
     now = timezone.now()
     limit = max_concurrent_sandboxes(organization)
-    with fast_commit(caller_sends_setting=True) as setting:
-        live = capped_sandboxes_lock_and_count(organization.pk, prefix=setting)
-        if live >= limit:
-            raise QuotaExceeded(
-                f"This organization already has {live} live sandboxes (limit {limit}). "
-                "Destroy one or ask an operator to raise the limit.",
-                code="sandbox_limit_reached",
-            )
-        sandbox = SANDBOX_INSERT.insert(
-            Sandbox(
-                organization=organization,
-                created_by=principal.user,
-                created_by_key=principal.api_key,
-                provider=provider.name,
-                template=template,
-                resources=resolved.__dict__,
-                timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
-                network=network,
-                isolation=provider_isolation(provider, runtime),
-                metadata=dict(metadata or {}),
-                ephemeral=ephemeral,
-                expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
-                snapshot=snapshot,
-            )
+    sandbox = Sandbox(
+        organization=organization,
+        created_by=principal.user,
+        created_by_key=principal.api_key,
+        provider=provider.name,
+        template=template,
+        resources=resolved.__dict__,
+        timeout_s=timeout_s or settings.SANDPIT_IDLE_TIMEOUT_S,
+        network=network,
+        isolation=provider_isolation(provider, runtime),
+        metadata=dict(metadata or {}),
+        ephemeral=ephemeral,
+        expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
+        snapshot=snapshot,
+    )
+    live = sandbox_insert_capped(sandbox, limit)
+    if live is not None:
+        raise QuotaExceeded(
+            f"This organization already has {live} live sandboxes (limit {limit}). "
+            "Destroy one or ask an operator to raise the limit.",
+            code="sandbox_limit_reached",
         )
     spec = SandboxSpec(
         sandbox_id=sandbox.id,

@@ -109,7 +109,16 @@ def _stored(model: type[Model], pk: object) -> dict[str, object]:
     return model.objects.filter(pk=pk).values(*(f.attname for f in model._meta.concrete_fields))[0]
 
 
-def test_an_insert_stores_what_the_orm_stores(org_a, alice):
+def _insert_where_true(sandbox: Sandbox) -> Sandbox:
+    """SANDBOX_INSERT's conditional insert, its condition holding."""
+    with connection.cursor() as cursor:
+        cursor.execute(SANDBOX_INSERT.sql_where("1 = %s"), [*SANDBOX_INSERT.values(sandbox), 1])
+        assert cursor.rowcount == 1
+    return SANDBOX_INSERT.saved(sandbox)
+
+
+@pytest.mark.parametrize("insert", [SANDBOX_INSERT.insert, _insert_where_true])
+def test_an_insert_stores_what_the_orm_stores(org_a, alice, insert):  # type: ignore[no-untyped-def]
     now = timezone.now()
     given = {
         "organization": org_a,
@@ -122,7 +131,7 @@ def test_an_insert_stores_what_the_orm_stores(org_a, alice):
         "metadata": {"ünïcode": "✓", "quote'd": 'a"b', "n": 1.5},
         "network": True,
     }
-    ours = SANDBOX_INSERT.insert(Sandbox(**given))
+    ours = insert(Sandbox(**given))
     theirs = Sandbox.objects.create(**given)
     assert ours._state.adding is False and ours._state.db == "default"
     assert ours.pk != theirs.pk and ours.pk.startswith("sbx_")  # the key's default ran
@@ -150,6 +159,15 @@ def test_an_insert_is_one_statement_and_a_duplicate_key_fails(org_a):
     )
     with pytest.raises(IntegrityError), transaction.atomic():
         SANDBOX_INSERT.insert(again)
+
+
+def test_a_conditional_insert_whose_condition_fails_stores_nothing(org_a):
+    sandbox = Sandbox(organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now())
+    with connection.cursor() as cursor:
+        # NULLs too keep their column's type (an untyped NULL in a SELECT list is text).
+        cursor.execute(SANDBOX_INSERT.sql_where("1 = %s"), [*SANDBOX_INSERT.values(sandbox), 2])
+        assert cursor.rowcount == 0
+    assert not Sandbox.objects.filter(pk=sandbox.pk).exists()
 
 
 def test_save_signals_are_kept_while_anything_listens(org_a):

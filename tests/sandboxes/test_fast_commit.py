@@ -1,6 +1,6 @@
 """Sandbox bookkeeping in fewer round trips (sandboxes/provider_access.py): a state change on
-its own is one statement sent once, committed without waiting for the WAL flush; the
-create's lock and count share one round trip and still serialize two creates."""
+its own is one statement sent once, committed without waiting for the WAL flush; a create's
+lock, count and insert are one round trip and still serialize two creates at the limit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ from django.test.utils import CaptureQueriesContext
 
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.provider_access import FAST_COMMIT_SQL, fast_commit, sandbox_transition
-from sandboxes.services import capped_sandboxes_lock_and_count
+from sandboxes.services import (
+    CAPPED_STATES,
+    capped_sandboxes_lock_and_count,
+    sandbox_insert_capped,
+)
 from tests.requirements import missing_part
 
 
@@ -144,3 +148,99 @@ def _wait_for_a_lock_wait() -> None:
                 return
         time.sleep(0.01)
     pytest.fail(f"no statement ever waited on a lock in {name}")
+
+
+def _new(organization) -> Sandbox:  # type: ignore[no-untyped-def]
+    return Sandbox(
+        organization=organization,
+        provider="local",
+        template="default",
+        timeout_s=60,
+        expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+        metadata={"quote'd": 'a"b;', "ünï": None},
+    )
+
+
+def _capped_count(organization) -> int:  # type: ignore[no-untyped-def]
+    return Sandbox.objects.filter(organization=organization, state__in=CAPPED_STATES).count()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_create_is_one_round_trip_committed_at_once(postgres, org_a):
+    before = _synchronous_commit()
+    sandbox = _new(org_a)
+    with CaptureQueriesContext(connection) as queries:
+        assert sandbox_insert_capped(sandbox, limit=1) is None
+    assert len(queries) == 1, [query["sql"] for query in queries]
+    statement = queries[0]["sql"]
+    assert statement.startswith(f"{FAST_COMMIT_SQL}; SELECT 1 FROM ")  # noqa: S608 - expected text
+    assert "FOR UPDATE" in statement and "INSERT INTO" in statement
+    assert sandbox._state.adding is False
+    assert _state_seen_elsewhere(sandbox.pk) == SandboxState.CREATING  # committed
+    assert Sandbox.objects.get(pk=sandbox.pk).metadata == {"quote'd": 'a"b;', "ünï": None}
+    assert _synchronous_commit() == before  # the setting stayed in that query's transaction
+
+
+@pytest.mark.django_db(transaction=True)
+def test_at_the_limit_a_create_inserts_nothing_and_says_how_many(postgres, org_a):
+    _sandbox(org_a, SandboxState.RUNNING)
+    _sandbox(org_a, SandboxState.PAUSED)  # holds a place
+    _sandbox(org_a, SandboxState.DESTROYED)  # does not
+    sandbox = _new(org_a)
+    assert sandbox_insert_capped(sandbox, limit=2) == 2
+    assert not Sandbox.objects.filter(pk=sandbox.pk).exists()
+    assert sandbox._state.adding is True
+    assert sandbox_insert_capped(sandbox, limit=3) is None
+    assert _capped_count(org_a) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_a_create_locks_counts_and_inserts_as_before(postgres, org_a):
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            assert sandbox_insert_capped(_new(org_a), limit=1) is None
+        statements = [query["sql"] for query in queries]
+        assert any("FOR UPDATE" in sql for sql in statements)
+        assert any(sql.startswith("INSERT INTO") and "VALUES" in sql for sql in statements)
+        assert sandbox_insert_capped(_new(org_a), limit=1) == 1
+    assert _capped_count(org_a) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_create_waiting_on_the_lock_counts_the_row_the_holder_inserted(postgres, org_a):
+    """The insert's count is read after the lock is granted: a create that waited on another
+    one, with one place left between them, must see the other's row and insert nothing."""
+    _sandbox(org_a, SandboxState.RUNNING)
+    holder_locked, holder_may_commit = threading.Event(), threading.Event()
+    result: dict[str, int | None] = {}
+
+    def holder() -> None:
+        try:
+            with fast_commit(caller_sends_setting=True) as setting:
+                capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
+                holder_locked.set()
+                holder_may_commit.wait(30)
+                _sandbox(org_a)  # the last place, committed with the lock's release
+        finally:
+            holder_locked.set()
+            connections.close_all()
+
+    def waiter() -> None:
+        try:
+            result["waiter"] = sandbox_insert_capped(_new(org_a), limit=2)
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=holder)
+    one.start()
+    assert holder_locked.wait(30)
+    two = threading.Thread(target=waiter)
+    two.start()
+    try:
+        _wait_for_a_lock_wait()
+    finally:
+        holder_may_commit.set()
+        one.join(30)
+        two.join(30)
+    assert result == {"waiter": 2}
+    assert _capped_count(org_a) == 2
