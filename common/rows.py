@@ -196,13 +196,17 @@ class RowInsert(Generic[M]):
         """The insert of one row only while `condition` (SQL, its own parameters after the
         values') holds when the statement runs: ``INSERT ... SELECT <values> WHERE ...``.
         Each value is cast to its column's type, which a VALUES list would have implied."""
-        connection = connections[using]
-        quote = connection.ops.quote_name
-        columns = ", ".join(quote(field.column) for field in self.fields)
-        typed = ", ".join(f"%s::{field.db_type(connection)}" for field in self.fields)
-        table = quote(self.model._meta.db_table)
-        # Identifiers and types from the model; the values are parameters.
-        return f"INSERT INTO {table} ({columns}) SELECT {typed} WHERE {condition}"  # noqa: S608
+        written = self._sql.get(f"{using} WHERE {condition}")
+        if written is None:
+            connection = connections[using]
+            quote = connection.ops.quote_name
+            columns = ", ".join(quote(field.column) for field in self.fields)
+            typed = ", ".join(f"%s::{field.db_type(connection)}" for field in self.fields)
+            table = quote(self.model._meta.db_table)
+            # Identifiers and types from the model; the values are parameters.
+            written = f"INSERT INTO {table} ({columns}) SELECT {typed} WHERE {condition}"  # noqa: S608
+            self._sql[f"{using} WHERE {condition}"] = written
+        return written
 
     def saved(self, instance: M, using: str = "default") -> M:
         """Mark `instance` stored, as the ORM does after its insert."""
