@@ -19,6 +19,8 @@ from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from common.rows import RowLookup
+
 from .models import Sandbox, Snapshot
 from .providers.snapshot_archive import remove_archive
 
@@ -39,8 +41,16 @@ def snapshot_path(organization_id: int, snapshot_id: str) -> Path:
 def archives_drop(sandbox: Sandbox) -> int:
     """Delete the reaper's archive snapshots of `sandbox` (it was destroyed: nothing will
     resume from them). Manual snapshots stay. Returns how many went."""
+    # Every destroy asks, and few sandboxes were ever archived: the ORM's delete selects
+    # the rows first (its post_delete receiver needs them), a third of a destroy's CPU.
+    if SNAPSHOT_OF_SANDBOX_BY_KIND.get(sandbox.pk, ARCHIVE) is None:
+        return 0
     deleted, _ = Snapshot.objects.filter(sandbox=sandbox, kind=ARCHIVE).delete()
     return deleted
+
+
+SNAPSHOT_OF_SANDBOX_BY_KIND = RowLookup(Snapshot, "sandbox", "kind")
+"""One of a sandbox's snapshots of a kind, if any (common/rows.py)."""
 
 
 @receiver(post_delete, sender=Snapshot, dispatch_uid="sandpit-snapshot-files")

@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.models import Organization
 from sandboxes.models import Sandbox, Snapshot
 from sandboxes.operations import reap_sandboxes
 from sandboxes.providers.base import FileNotFound
+from sandboxes.snapshot_store import ARCHIVE, MANUAL, archives_drop
 from tests.conftest import assert_error
 from tests.sandboxes.test_provider_contract import wait_for
 
@@ -337,3 +341,26 @@ def test_staff_see_paused_sandboxes_as_active(api_a, sandbox_a):  # type: ignore
     _post(api_a, f"/api/v1/sandboxes/{sandbox_a['id']}/pause")
     assert [s.id for s in staff_live_sandboxes()] == [sandbox_a["id"]]
     assert {p.name: p.live_sandboxes for p in staff_provider_statuses()}["local"] == 1
+
+
+@pytest.mark.django_db
+def test_dropping_archives_keeps_manual_snapshots_and_others_sandboxes(org_a):  # type: ignore[no-untyped-def]
+    def sandbox() -> Sandbox:
+        return Sandbox.objects.create(
+            organization=org_a, provider="local", timeout_s=60, expires_at=timezone.now()
+        )
+
+    def snapshot(of: Sandbox, kind: str) -> Snapshot:
+        return Snapshot.objects.create(
+            organization=org_a, sandbox=of, source_sandbox_id=of.pk, provider="local", kind=kind
+        )
+
+    mine, other, never_archived = sandbox(), sandbox(), sandbox()
+    kept = [snapshot(mine, MANUAL), snapshot(other, ARCHIVE)]
+    snapshot(mine, ARCHIVE)
+    snapshot(mine, ARCHIVE)
+    with CaptureQueriesContext(connection) as queries:
+        assert archives_drop(never_archived) == 0
+    assert len(queries) == 1  # one lookup answers the usual case
+    assert archives_drop(mine) == 2
+    assert set(Snapshot.objects.values_list("pk", flat=True)) == {s.pk for s in kept}
