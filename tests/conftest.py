@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -98,19 +102,24 @@ def assert_error(response, status: int, code: str | None = None) -> dict:  # typ
     return body["error"]
 
 
-@pytest.fixture
-def local_sandboxes(settings):  # type: ignore[no-untyped-def]
-    """The real local (bubblewrap) provider under a per-test root; everything destroyed after."""
-    import shutil
-    import tempfile
-    from pathlib import Path
+@pytest.fixture(scope="session")
+def local_sandboxes_root() -> Iterator[Path]:
+    """One root for the session's local providers: the files a provider shares between its
+    jails (/etc versions, the launcher it compiles, the agent) are built by the first and
+    found by the others, instead of ~0.25 s of building per test."""
+    root = Path(tempfile.mkdtemp(prefix="sp-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
+
+@pytest.fixture
+def local_sandboxes(settings, local_sandboxes_root):  # type: ignore[no-untyped-def]
+    """The real local (bubblewrap) provider, a new one per test; everything destroyed after."""
     from sandboxes.providers import get_provider, reset_providers
 
     settings.SANDPIT_PROVIDERS = ["local"]
     settings.SANDPIT_DEFAULT_PROVIDER = "local"
-    root = Path(tempfile.mkdtemp(prefix="sp-"))
-    settings.SANDPIT_LOCAL_ROOT = root
+    settings.SANDPIT_LOCAL_ROOT = local_sandboxes_root
     settings.SANDPIT_LOCAL_WARM_POOL = 0  # a provider per test; the pool has its own tests
     reset_providers()
     provider = get_provider("local")
@@ -118,7 +127,6 @@ def local_sandboxes(settings):  # type: ignore[no-untyped-def]
     for handle in provider.list_sandboxes():
         provider.destroy(handle.provider_id)
     reset_providers()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
