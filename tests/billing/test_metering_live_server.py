@@ -19,8 +19,11 @@ import httpx
 import pytest
 from django.db import connection
 
+from accounts.models import Organization
 from billing import services
 from billing.models import UsageDaily, UsageEvent
+from sandboxes.models import Sandbox
+from sandboxes.services import CAPPED_STATES
 from tests.requirements import missing_part
 from tests.servers import server_start
 
@@ -170,3 +173,39 @@ def test_32_clients_x_100_metered_calls_count_exactly(server, org_a, key_a):  # 
         == expected
     )
     httpx.delete(sandbox_url, headers=headers, timeout=60)
+
+
+def test_racing_creates_stop_exactly_at_the_limit_and_only_those_count(server, org_a, key_a):  # type: ignore[no-untyped-def]
+    """Through the server a create's limit check and insert are one statement sent outside
+    any transaction (sandboxes/services.py sandbox_insert_capped): twelve creates at once
+    against a limit of three leave exactly three, and only those are metered."""
+    Organization.objects.filter(pk=org_a.pk).update(max_concurrent_sandboxes=3)
+    headers = {"Authorization": f"Bearer {key_a}"}
+    barrier = threading.Barrier(12)
+    responses: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def create() -> None:
+        with httpx.Client(headers=headers, timeout=60) as http:
+            http.get(f"{server}/health/live")  # connected before the race
+            barrier.wait(30)
+            response = http.post(f"{server}/api/v1/sandboxes", json={})
+        with lock:
+            responses.append(response)
+
+    threads = [threading.Thread(target=create) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    made = [r.json()["id"] for r in responses if r.status_code == 201]
+    refused = [r.json()["error"] for r in responses if r.status_code == 429]
+    assert len(made) == 3 and len(refused) == 9, [(r.status_code, r.text[:200]) for r in responses]
+    assert {error["code"] for error in refused} == {"sandbox_limit_reached"}
+    assert all("(limit 3)" in error["message"] for error in refused)
+    live = Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES)
+    assert sorted(live.values_list("pk", flat=True)) == sorted(made)
+    services.usage_flush()
+    assert UsageEvent.objects.filter(organization=org_a, operation="sandbox.create").count() == 3
+    for sandbox_id in made:
+        httpx.delete(f"{server}/api/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)
