@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import psycopg
@@ -93,46 +94,59 @@ def test_inside_a_transaction_it_is_sent_as_before(postgres, org_a):
 @pytest.mark.django_db(transaction=True)
 def test_lock_and_count_share_a_round_trip_and_serialize_creates(postgres, org_a):
     _sandbox(org_a, SandboxState.RUNNING)
-    first_locked, first_may_commit = threading.Event(), threading.Event()
     seen: dict[str, int] = {}
-    sql: list[str] = []
-
-    def first() -> None:
-        try:
-            with CaptureQueriesContext(connections["default"]) as queries:
-                with fast_commit(caller_sends_setting=True) as setting:
-                    seen["first"] = capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
-                    first_locked.set()
-                    first_may_commit.wait(30)
-                    _sandbox(org_a)  # a create's insert, committed with the lock's release
-            sql.extend(query["sql"] for query in queries)
-        finally:
-            first_locked.set()
-            connections.close_all()
 
     def second() -> None:
-        try:
-            with fast_commit(caller_sends_setting=True) as setting:
-                seen["second"] = capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
-        finally:
-            connections.close_all()
+        with fast_commit(caller_sends_setting=True) as setting:
+            seen["second"] = capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
 
-    one = threading.Thread(target=first)
-    one.start()
-    assert first_locked.wait(30)
-    two = threading.Thread(target=second)
-    two.start()
-    try:
-        _wait_for_a_lock_wait()  # the second's statement waits on the first's row lock
-    finally:
-        first_may_commit.set()
-        one.join(30)
-        two.join(30)
-    assert seen == {"first": 1, "second": 2}  # the second counted the first's new row
+    first, sql = _hold_the_lock_while(org_a, second)
+    assert (first, seen["second"]) == (1, 2)  # the second counted the first's new row
     locks = [statement for statement in sql if "FOR UPDATE" in statement]
     assert len(locks) == 1 and "COUNT(*)" in locks[0]
     assert locks[0].startswith(f"{FAST_COMMIT_SQL}; SELECT 1 FROM ")  # noqa: S608 - expected text
     assert FAST_COMMIT_SQL not in sql  # not sent again on its own
+
+
+def _hold_the_lock_while(organization, waiter: Callable[[], None]) -> tuple[int, list[str]]:  # type: ignore[no-untyped-def]
+    """A create holding the organization's row lock in a thread, and `waiter` run in another
+    once it holds it; the holder inserts a sandbox and commits only when some statement
+    waits on a lock. Returns the holder's count and its statements."""
+    locked, may_commit = threading.Event(), threading.Event()
+    held: dict[str, int] = {}
+    sql: list[str] = []
+
+    def holder() -> None:
+        try:
+            with CaptureQueriesContext(connections["default"]) as queries:
+                with fast_commit(caller_sends_setting=True) as setting:
+                    held["count"] = capped_sandboxes_lock_and_count(organization.pk, prefix=setting)
+                    locked.set()
+                    may_commit.wait(30)
+                    _sandbox(organization)  # a create's insert, committed with the release
+            sql.extend(query["sql"] for query in queries)
+        finally:
+            locked.set()
+            connections.close_all()
+
+    def waiting() -> None:
+        try:
+            waiter()
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=holder)
+    one.start()
+    assert locked.wait(30)
+    two = threading.Thread(target=waiting)
+    two.start()
+    try:
+        _wait_for_a_lock_wait()  # the waiter's statement waits on the holder's row lock
+    finally:
+        may_commit.set()
+        one.join(30)
+        two.join(30)
+    return held["count"], sql
 
 
 def _wait_for_a_lock_wait() -> None:
@@ -211,36 +225,11 @@ def test_a_create_waiting_on_the_lock_counts_the_row_the_holder_inserted(postgre
     """The insert's count is read after the lock is granted: a create that waited on another
     one, with one place left between them, must see the other's row and insert nothing."""
     _sandbox(org_a, SandboxState.RUNNING)
-    holder_locked, holder_may_commit = threading.Event(), threading.Event()
     result: dict[str, int | None] = {}
 
-    def holder() -> None:
-        try:
-            with fast_commit(caller_sends_setting=True) as setting:
-                capped_sandboxes_lock_and_count(org_a.pk, prefix=setting)
-                holder_locked.set()
-                holder_may_commit.wait(30)
-                _sandbox(org_a)  # the last place, committed with the lock's release
-        finally:
-            holder_locked.set()
-            connections.close_all()
-
     def waiter() -> None:
-        try:
-            result["waiter"] = sandbox_insert_capped(_new(org_a), limit=2)
-        finally:
-            connections.close_all()
+        result["waiter"] = sandbox_insert_capped(_new(org_a), limit=2)
 
-    one = threading.Thread(target=holder)
-    one.start()
-    assert holder_locked.wait(30)
-    two = threading.Thread(target=waiter)
-    two.start()
-    try:
-        _wait_for_a_lock_wait()
-    finally:
-        holder_may_commit.set()
-        one.join(30)
-        two.join(30)
+    _hold_the_lock_while(org_a, waiter)
     assert result == {"waiter": 2}
     assert _capped_count(org_a) == 2
