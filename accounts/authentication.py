@@ -16,7 +16,7 @@ import redis
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from . import keycache
+from . import authentication_reads, keycache
 from .models import ApiKey, Membership, Organization
 from .principal import MachineUser, Principal
 from .selectors import current_organization_for_session, membership_get
@@ -86,12 +86,16 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
     throttle = _redis_key_throttle(request)
     keys = keycache.generation_keys(entry.prefix)
     verdict = None
+    read: dict[str, object] = {}
     try:
         if throttle is not None:
-            verdict, values = throttle.count(throttle.key_bucket(entry.id), read=keys)
+            # Other apps' keys for the organization ride along (authentication_reads).
+            extra = authentication_reads.keys_for(entry.organization_id)
+            verdict, values = throttle.count(throttle.key_bucket(entry.id), read=keys + extra)
+            read = dict(zip(extra, values[len(keys) :], strict=True))
         else:
             values = keycache.generation_values(keys)
-        seen = keycache.generation_of(values)
+        seen = keycache.generation_of(values[: len(keys)])
     except redis.RedisError:
         return None
     if seen is None or seen != entry.generation:
@@ -99,7 +103,9 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
         if api_key is None:
             raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
         keycache.known_put(found_by, api_key, seen)
-        return Principal(organization=api_key.organization, api_key=api_key, rate=verdict)
+        return Principal(
+            organization=api_key.organization, api_key=api_key, rate=verdict, read=read
+        )
     now = timezone.now()
     if entry.expires_at is not None and entry.expires_at <= now:
         raise exceptions.AuthenticationFailed("Unknown, revoked or expired API key.")
@@ -107,7 +113,9 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
         ApiKey.objects.filter(pk=entry.id).update(last_used_at=now)
         entry = entry.with_field("last_used_at", now)
         keycache.known_replace(found_by, entry)
-    return Principal(organization_id=entry.organization_id, api_key=entry.api_key(), rate=verdict)
+    return Principal(
+        organization_id=entry.organization_id, api_key=entry.api_key(), rate=verdict, read=read
+    )
 
 
 def _redis_key_throttle(request: Request) -> PerKeyRateThrottle | None:

@@ -6,7 +6,9 @@ API key (accounts.keycache)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from common.rows import RowLookup
 
@@ -44,6 +46,7 @@ class Principal:
         *,
         organization_id: int | None = None,
         rate: RateVerdict | None = None,
+        read: Mapping[str, Any] | None = None,
     ) -> None:
         if organization is not None:
             organization_id = organization.pk
@@ -58,6 +61,9 @@ class Principal:
         """Membership role for session callers; None for keys and tokens."""
         self.extra: dict[str, object] = extra if extra is not None else {}
         self.rate = rate
+        self._read = dict(read or {})
+        """Redis values read in the authentication's round trip (accounts/
+        authentication_reads.py), by key, until taken."""
 
     def __repr__(self) -> str:
         who = self.api_key or self.user or (self.token and self.token.token_id)
@@ -78,6 +84,15 @@ class Principal:
         ignored."""
         if self._organization is None and organization.pk == self.organization_id:
             self._organization = organization
+
+    def take_values(self, keys: Sequence[str]) -> list[Any] | None:
+        """The values of `keys` read in the authentication's round trip, once: None when
+        any of them was not read there (or was taken already), so the caller reads Redis
+        itself. Once, because a request that counts an execution and then checks again
+        must see its own count."""
+        if not keys or any(key not in self._read for key in keys):
+            return None
+        return [self._read.pop(key) for key in keys]
 
     @property
     def can_manage(self) -> bool:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # rest_framework.views reads the throttle setting, i.e. this 
     from rest_framework.views import APIView
 
 # KEYS: current window, previous window, then any keys to read in the same round trip (an API
-# key's generations, accounts.keycache). ARGV: limit, window seconds, fraction of the current
+# key's generations, accounts.keycache; other apps' keys, accounts.authentication_reads). ARGV: limit, window seconds, fraction of the current
 # window elapsed. Returns {1 if allowed (and counted) else 0, current count, previous count,
 # then the value of each key read (nil where absent)}.
 _SLIDING_WINDOW_LUA = """

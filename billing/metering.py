@@ -24,6 +24,7 @@ import hashlib
 import logging
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any, Protocol
@@ -79,6 +80,10 @@ class SpendingCapReached(PaymentRequired):
     code = "spending_cap_reached"
 
 
+ReadValues = Callable[[Sequence[str]], list[Any] | None]
+"""Redis keys -> their values when they were read already (Principal.take_values), else None."""
+
+
 @dataclass(frozen=True)
 class PeriodState:
     """What authorize needs to know about an organization's current period."""
@@ -96,7 +101,9 @@ class Meter(Protocol):
         """Count `event` once; False if its event id was already counted."""
         ...
 
-    def period_state(self, organization_id: int, start: date, now: datetime) -> PeriodState: ...
+    def period_state(
+        self, organization_id: int, start: date, now: datetime, read: ReadValues | None = None
+    ) -> PeriodState: ...
 
     def pending(self, organization_id: int, start: date) -> list[MeteredEvent]:
         """Events recorded in the period that may not be in the ledger yet."""
@@ -193,18 +200,31 @@ class RedisMeter:
             self._record_pipelined(keys=keys, args=args, client=pipe)
         pipe.execute()
 
-    def period_state(self, organization_id: int, start: date, now: datetime) -> PeriodState:
+    def period_keys(self, organization_id: int, start: date) -> list[str]:
+        """What period_state reads: the counter, its seeded flag, the plan change, the epoch."""
+        return [
+            self._counter(organization_id, start),
+            self._seeded(organization_id, start),
+            self._plan_change(organization_id),
+            self.epoch,
+        ]
+
+    def period_state(
+        self, organization_id: int, start: date, now: datetime, read: ReadValues | None = None
+    ) -> PeriodState:
         """The period counter is exact when this Redis dataset began (its epoch: the earliest
         execution it counted, or the first authorize) before the period did. Otherwise (Redis was emptied, or
         metering began, mid-period) it is seeded once with the ledger's executions of the
-        period from before the epoch; later ones are in the counter already."""
-        counter, seeded = (
-            self._counter(organization_id, start),
-            self._seeded(organization_id, start),
-        )
-        count, seeded_flag, change_at, epoch = redis_command(
-            self.client, "MGET", counter, seeded, self._plan_change(organization_id), self.epoch
-        )
+        period from before the epoch; later ones are in the counter already.
+
+        `read` may hold the keys' values already (read with the request's authentication);
+        when it gives None they are read here."""
+        keys = self.period_keys(organization_id, start)
+        values = read(keys) if read is not None else None
+        if values is None:
+            values = redis_command(self.client, "MGET", *keys)
+        count, seeded_flag, change_at, epoch = values
+        counter, seeded = keys[0], keys[1]
         if epoch is None:
             epoch = self._epoch(keys=[self.epoch], args=[_to_micros(now)])
         begin, _ = pricing.period_bounds(start)
@@ -300,7 +320,10 @@ class DatabaseMeter:
             transaction.on_commit(lambda: _cache_incr(key))
         return bool(added)
 
-    def period_state(self, organization_id: int, start: date, now: datetime) -> PeriodState:
+    def period_state(
+        self, organization_id: int, start: date, now: datetime, read: ReadValues | None = None
+    ) -> PeriodState:
+        """`read` is ignored: nothing here is in Redis."""
         counter = self._counter(organization_id, start)
         values = cache.get_many([counter, self._plan_change(organization_id)])
         count = values.get(counter)
@@ -355,11 +378,25 @@ def get_meter() -> Meter:
     return meter
 
 
+def period_keys_for(organization_id: int) -> list[str]:
+    """The Redis keys metering_authorize reads for `organization_id` now (none without Redis):
+    registered to be read in the round trip that authenticates an API key
+    (accounts/authentication_reads.py, BillingConfig.ready)."""
+    meter = get_meter()
+    if not isinstance(meter, RedisMeter):
+        return []
+    return meter.period_keys(organization_id, pricing.period_start(timezone.now()))
+
+
 # --- The contract ---------------------------------------------------------------------------------
 
 
 def metering_authorize(
-    *, organization: Organization, feature: str, now: datetime | None = None
+    *,
+    organization: Organization,
+    feature: str,
+    now: datetime | None = None,
+    read: ReadValues | None = None,
 ) -> None:
     """Allow a metered operation of `feature` for `organization` now, or raise PaymentRequired.
 
@@ -367,8 +404,9 @@ def metering_authorize(
     FreeAllowanceExhausted ('free_allowance_exhausted') once the free plan's monthly
     allowance is used, SpendingCapReached ('spending_cap_reached') when one more execution
     would take the period's total over the organization's spending cap. ValueError for an
-    unknown feature (a programming error). One cache round trip; the database is read only
-    on the first call of a period and when a scheduled plan change falls due.
+    unknown feature (a programming error). One cache round trip, none when `read` gives the
+    period's keys (read with the request's authentication, period_keys_for); the database
+    is read only on the first call of a period and when a scheduled plan change falls due.
 
     Checked before the operation runs, so N requests racing at the boundary may all pass:
     the allowance or cap can be exceeded by at most the number of requests in flight.
@@ -379,7 +417,7 @@ def metering_authorize(
     now = now or timezone.now()
     start = pricing.period_start(now)
     meter = get_meter()
-    state = meter.period_state(organization.pk, start, now)
+    state = meter.period_state(organization.pk, start, now, read)
     if state.plan_change_due:
         plan_changes_apply_due(organization=organization, now=now)
     allowance = settings.SANDPIT_FREE_MONTHLY_EXECUTIONS

@@ -72,8 +72,11 @@ counted."""
 def billing_authorize(caller: Caller, feature: str) -> None:
     """Raise PaymentRequired (402) when the caller's plan, allowance or cap refuses `feature`
     now. Nothing is counted. A no-op for unbilled callers."""
-    if caller.billed and caller.principal is not None:
-        metering_authorize(organization=caller.principal.organization, feature=feature)
+    principal = caller.principal
+    if caller.billed and principal is not None:
+        metering_authorize(
+            organization=principal.organization, feature=feature, read=principal.take_values
+        )
 
 
 def billing_allows(caller: Caller, feature: str) -> bool:
