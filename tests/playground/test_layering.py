@@ -123,6 +123,9 @@ FUNCTION_LEVEL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("accounts/apps.py", "accounts.keycache"): (
         "AppConfig.ready(), Django's place to connect signal receivers"
     ),
+    ("billing/apps.py", "billing.metering"): (
+        "AppConfig.ready(), Django's place to register extensions (what authentication reads)"
+    ),
     ("playground/apps.py", "playground.schema"): (
         "AppConfig.ready(), Django's place to register extensions (drf-spectacular's)"
     ),
