@@ -59,4 +59,9 @@ export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
 export SANDPIT_LOCAL_ROOT=${SANDPIT_LOCAL_ROOT:-/tmp/sandpit-test-jails/default}
 mkdir -p /tmp/sandpit-test-jails && chmod 711 /tmp/sandpit-test-jails
 mkdir -p "$SANDPIT_ARTIFACTS"
-exec .venv/bin/pytest "$@"
+# A worker per core (pytest-xdist), at most 4: most tests wait on servers, engines and
+# browsers, so two workers on two cores take ~60% of the time of one. Each worker is an
+# installation of its own (tests/conftest.py). SANDPIT_TEST_WORKERS=0 runs in this process.
+workers=${SANDPIT_TEST_WORKERS:-$(nproc)}
+[ "$workers" -gt 4 ] && workers=4
+exec .venv/bin/pytest -n "$workers" "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -9,11 +10,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
 from accounts import attempts
 from accounts.models import Membership, Organization, Role, User
 from accounts.services import api_key_create
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (scripts/test.sh runs a worker per core) each worker is an
+    installation of its own, with its own jail root. Each worker has its own test database,
+    and an installation treats the jails, containers and billing keys it finds under its
+    name as its own: sharing one, a worker's reconciler or pool would take the other's
+    sandboxes for orphans and destroy them. Servers the tests start inherit the environment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    installation = f"{django_settings.SANDPIT_INSTALLATION}-{worker}"
+    root = Path(f"{django_settings.SANDPIT_LOCAL_ROOT}-{worker}")
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o711)  # noqa: S103 - jails run as other uids, which must pass through
+    # Django read the environment before this hook: both are set.
+    os.environ["SANDPIT_INSTALLATION"] = django_settings.SANDPIT_INSTALLATION = installation
+    os.environ["SANDPIT_LOCAL_ROOT"] = str(root)
+    django_settings.SANDPIT_LOCAL_ROOT = root
 
 
 @pytest.fixture(autouse=True)
