@@ -9,6 +9,10 @@ thread waiting on the agent does, or spinning, as one running the server's Pytho
 It is a property of the host (on a virtual machine, waking an idle CPU), not of Sandpit, and
 it shows what each round trip a request saves is worth here.
 
+Beside the wall time it prints the CPU time the calling thread was charged for the round
+trip (time.thread_time): after a pause, that grows too, so the round trips of one after
+another cost the web process CPU that a raw spawn does not spend, not only latency.
+
 Run:  .venv/bin/python bench/bench_round_trips.py [--runs 400] [--gaps 0,1,3,10]
 """
 
@@ -32,15 +36,18 @@ def spin(seconds: float) -> None:
 
 def timed(
     call: Callable[[], object], runs: int, gap_s: float, pause: Callable[[float], None]
-) -> list[float]:
-    samples = []
+) -> tuple[list[float], list[float]]:
+    """(wall µs, the calling thread's CPU µs) of each round trip."""
+    walls, cpus = [], []
     for _ in range(runs):
         if gap_s:
             pause(gap_s)
+        cpu_started = time.thread_time()
         started = time.perf_counter()
         call()
-        samples.append((time.perf_counter() - started) * 1e6)
-    return samples
+        walls.append((time.perf_counter() - started) * 1e6)
+        cpus.append((time.thread_time() - cpu_started) * 1e6)
+    return walls, cpus
 
 
 def main() -> None:
@@ -60,14 +67,17 @@ def main() -> None:
         "Redis PING": cache.ping,
     }
     gaps = [float(gap) for gap in args.gaps.split(",") if gap]
-    print("round trip, µs (p50 / p95), after a gap between round trips of")
+    print("round trip, µs: wall p50 / p95 (the calling thread's CPU p50), after a gap of")
     print(" | ".join(["call", "pause", *(f"{gap:g} ms" for gap in gaps)]))
     for name, call in calls.items():
         for pause_name, pause in (("sleep", time.sleep), ("spin", spin)):
             cells = []
             for gap in gaps:
-                samples = timed(call, args.runs, gap / 1000, pause)
-                cells.append(f"{statistics.median(samples):.0f} / {percentile(samples, 95):.0f}")
+                walls, cpus = timed(call, args.runs, gap / 1000, pause)
+                cells.append(
+                    f"{statistics.median(walls):.0f} / {percentile(walls, 95):.0f}"
+                    f" ({statistics.median(cpus):.0f})"
+                )
             print(" | ".join([name, pause_name, *cells]))
     database.close()
     cache.close()
