@@ -23,8 +23,10 @@ from sandboxes.providers.docker import DockerProvider
 from tests.requirements import missing_part
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_INSTALLATION = "pytest"
-"""Containers made by tests carry this installation label, apart from real ones."""
+TEST_INSTALLATION = f"pytest-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+"""Containers made by tests carry this installation label, apart from real ones, and apart
+from another pytest-xdist worker's: a provider lists every container of its installation,
+and fixtures destroy what their provider lists (tests/sandboxes/test_gvisor_isolation.py)."""
 
 _lock = threading.Lock()
 _outcome: tuple[DockerProvider | None, str] | None = None

@@ -111,7 +111,9 @@ def test_a_claimed_sandbox_is_clean_and_like_a_cold_one(pooled, made):
     made.append(cold.provider_id)
     probe = (
         "hostname; id; pwd; echo HOME=$HOME; ls -A /workspace /tmp; ulimit -n -f -t -c;"
-        " cat /proc/1/cmdline | tr '\\0' ' '; echo; ps -eo user,args --no-headers | sort"
+        " cat /proc/1/cmdline | tr '\\0' ' '; echo;"
+        # ps before sort starts: in `ps | sort`, ps lists sort only if it started first.
+        ' p=$(ps -eo user,args --no-headers); echo "$p" | sort'
     )
     warm_out = sh(pooled, warm.provider_id, probe)
     assert warm_out == sh(pooled, cold.provider_id, probe)
