@@ -2,19 +2,21 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from accounts import urls as account_urls
 from accounts import views as account_views
+from billing import urls as billing_urls
 from common import errors
+from sandboxes import urls as sandbox_urls
 
 from . import health, metrics, views
 
 handler404 = "common.errors.handler404"
 handler500 = "common.errors.handler500"
 
-api_v1 = [
-    path("", include("accounts.urls")),
-    path("", include("sandboxes.urls")),
-    path("", include("billing.urls")),
-]
+# One flat list, the sandbox endpoints first: a request walks it in order, and an include
+# with an empty prefix that does not match raises and records every pattern it tried
+# (about half of resolving a sandbox request); the apps' paths never overlap.
+api_v1 = [*sandbox_urls.urlpatterns, *account_urls.urlpatterns, *billing_urls.urlpatterns]
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
