@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -9,6 +12,38 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
+
+TEST_PORTS_FIRST = 21000
+TEST_PORTS_PER_WORKER = 500
+"""Test servers listen on ports of a block of their own per pytest-xdist worker (21000-22999
+for the at most 4 workers scripts/test.sh starts), below the kernel's ephemeral range."""
+
+_next_in_block = itertools.count()
+
+
+def worker_index() -> int:
+    """0 for pytest's own process and gw0, 1 for gw1, and so on."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
+def free_port() -> int:
+    """A port nothing listens on, for a server a test starts next.
+
+    Binding port 0 and releasing it let the kernel hand the same port to another worker
+    before this one's server bound it (and to outgoing connections, which draw from the
+    same range). A block per worker, walked in turn, leaves only ports this worker's
+    earlier tests used, and those are checked free."""
+    first = TEST_PORTS_FIRST + worker_index() * TEST_PORTS_PER_WORKER
+    for _ in range(TEST_PORTS_PER_WORKER):
+        port = first + next(_next_in_block) % TEST_PORTS_PER_WORKER
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + TEST_PORTS_PER_WORKER - 1}")
 
 
 def server_start(

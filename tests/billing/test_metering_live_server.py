@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -25,18 +24,12 @@ from billing.models import UsageDaily, UsageEvent
 from sandboxes.models import Sandbox
 from sandboxes.services import CAPPED_STATES
 from tests.requirements import missing_part
-from tests.servers import server_start
+from tests.servers import free_port, server_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 logging.getLogger("httpx").setLevel(logging.WARNING)
 CLIENTS, CALLS = 32, int(os.environ.get("BILLING_LIVE_CALLS", "100"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

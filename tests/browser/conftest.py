@@ -4,7 +4,6 @@ module. Each test gets a fresh browser context (its own cookies) and its own use
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.requirements import jail_root, missing_part
-from tests.servers import server_start
+from tests.servers import free_port, server_start
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -28,12 +27,6 @@ def _allow_orm_beside_playwright():  # type: ignore[no-untyped-def]
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct horse battery"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _database_url(db: dict) -> str:
@@ -73,7 +66,7 @@ def server(request, django_db_setup, django_db_blocker, tmp_path_factory):  # ty
     db = settings.DATABASES["default"]
     if "postgresql" not in db["ENGINE"]:
         missing_part("browser tests need DATABASE_URL pointing at Postgres")
-    port = _free_port()
+    port = free_port()
     root = jail_root("browser-sandboxes")
     prefix = f"sandpit-browser-{os.getpid()}"
     env = {

@@ -22,9 +22,8 @@ from playground.admission import (
     caller_credential,
 )
 from playground.asgi import application
-from tests.playground.test_web_processes import free_port
 from tests.requirements import jail_root
-from tests.servers import server_start
+from tests.servers import free_port, server_start
 
 ROOT = Path(__file__).resolve().parents[2]
 

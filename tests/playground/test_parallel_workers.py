@@ -5,11 +5,13 @@ sandboxes and counters of another (tests/conftest.py's pytest_configure)."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from django.conf import settings
 
 from tests.docker_support import TEST_INSTALLATION
+from tests.servers import TEST_PORTS_FIRST, TEST_PORTS_PER_WORKER, free_port, worker_index
 
 
 def test_a_worker_has_its_own_installations_and_jail_root() -> None:
@@ -26,3 +28,23 @@ def test_a_worker_has_its_own_installations_and_jail_root() -> None:
     assert root.name.endswith(f"-{worker}")
     assert root.is_dir() and root.stat().st_mode & 0o111 == 0o111
     assert os.environ["SANDPIT_LOCAL_ROOT"] == str(root)
+
+
+def test_test_servers_listen_on_ports_of_their_workers_own() -> None:
+    ephemeral_low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    first = TEST_PORTS_FIRST + worker_index() * TEST_PORTS_PER_WORKER
+    block = range(first, first + TEST_PORTS_PER_WORKER)
+    # The blocks of the at most 4 workers, all below the range bind(0) draws from.
+    assert TEST_PORTS_FIRST + 4 * TEST_PORTS_PER_WORKER <= ephemeral_low
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:
+        assert worker_index() == int(worker.removeprefix("gw"))
+    taken = free_port()
+    assert taken in block
+    with socket.socket() as listener:  # a port something listens on is never handed out
+        listener.bind(("127.0.0.1", taken))
+        listener.listen()
+        # A whole turn of the block: the walk comes back to the held port and must skip it.
+        others = {free_port() for _ in range(TEST_PORTS_PER_WORKER)}
+    assert taken not in others
+    assert others <= set(block)

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
@@ -32,7 +28,7 @@ def _wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untype
 
 
 def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
-    port = _free_port()
+    port = free_port()
     var_dir = tmp_path / "var"
     env = {
         key: value

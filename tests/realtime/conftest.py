@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.requirements import jail_root, missing_part
-from tests.servers import server_start
+from tests.servers import free_port, server_start
 
 ROOT = Path(__file__).resolve().parents[2]
 # The production launcher: daphne with the request-body ceiling (playground/webserver.py).
@@ -37,12 +36,6 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix): 
     test = settings.DATABASES["default"].setdefault("TEST", {})
     if not test.get("NAME"):
         test["NAME"] = "test_" + settings.DATABASES["default"]["NAME"] + "_realtime"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

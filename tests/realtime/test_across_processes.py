@@ -21,6 +21,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.requirements import jail_root
+from tests.servers import free_port
 
 from .conftest import (
     ROOT,
@@ -29,7 +30,6 @@ from .conftest import (
     Server,
     TerminalOutput,
     _database_url_for,
-    free_port,
     recv_json,
 )
 
