@@ -62,6 +62,8 @@ mkdir -p "$SANDPIT_ARTIFACTS"
 # A worker per core (pytest-xdist), at most 4: most tests wait on servers, engines and
 # browsers, so two workers on two cores take ~60% of the time of one. Each worker is an
 # installation of its own (tests/conftest.py). SANDPIT_TEST_WORKERS=0 runs in this process.
+# pyproject's addopts add `--dist loadgroup`: tests sharing one thing of the machine's carry
+# one xdist_group mark and run on one worker (tests/playground/test_parallel_workers.py).
 workers=${SANDPIT_TEST_WORKERS:-$(nproc)}
 [ "$workers" -gt 4 ] && workers=4
 exec .venv/bin/pytest -n "$workers" "$@"

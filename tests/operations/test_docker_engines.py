@@ -56,6 +56,10 @@ from tests.requirements import missing_part
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "docker-engine.sh"
 ENGINE_B = "pytest-b"
+"""One second engine for the machine: its tests start it, stop it halfway and stop it at the
+end, so they all run on one pytest-xdist worker (pyproject's pytest addopts: `--dist loadgroup`)."""
+
+pytestmark = pytest.mark.xdist_group("second-docker-engine")
 SMALL = {"memory_mb": 64, "cpu_count": 0.25, "pids": 64, "disk_mb": 16}
 
 

@@ -8,9 +8,11 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 from tests.docker_support import TEST_INSTALLATION
+from tests.operations import test_docker_engines
 from tests.servers import TEST_PORTS_FIRST, TEST_PORTS_PER_WORKER, free_port, worker_index
 
 
@@ -48,3 +50,14 @@ def test_test_servers_listen_on_ports_of_their_workers_own() -> None:
         others = {free_port() for _ in range(TEST_PORTS_PER_WORKER)}
     assert taken not in others
     assert others <= set(block)
+
+
+def test_tests_of_one_shared_engine_run_on_one_worker(pytestconfig: pytest.Config) -> None:
+    """The second Docker engine is one per machine: under several workers, its tests are
+    grouped onto one (a worker stopping it under another's test failed that test)."""
+    mark = test_docker_engines.pytestmark
+    assert (mark.name, mark.args) == ("xdist_group", ("second-docker-engine",))
+    # pyproject's addopts, so `pytest -n N` run by hand groups them too.
+    assert "--dist loadgroup" in " ".join(pytestconfig.getini("addopts")), pytestconfig.getini(
+        "addopts"
+    )
