@@ -34,6 +34,10 @@ def require_module(name: str, why: str) -> ModuleType:
 
 JAIL_ROOTS = Path(tempfile.gettempdir()) / "sandpit-test-jails"
 
+JAIL_ROOTS_MADE: list[Path] = []
+"""The roots jail_root made in this session (tests/conftest.py removes their cgroup parents
+at the end: the providers tests build are seldom closed)."""
+
 
 def jail_root(name: str) -> Path:
     """A new, empty directory for a local provider's jails, passable (o+x) from /: local
@@ -44,4 +48,5 @@ def jail_root(name: str) -> Path:
     os.chmod(JAIL_ROOTS, 0o711)  # noqa: S103 - pass, not list
     path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=JAIL_ROOTS))
     os.chmod(path, 0o711)  # noqa: S103 - pass, not list
+    JAIL_ROOTS_MADE.append(path)
     return path

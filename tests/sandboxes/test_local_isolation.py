@@ -278,6 +278,32 @@ def test_destroy_reaps_every_process_and_cgroup(local_provider, make_sandbox):
         pass
 
 
+def test_two_roots_with_one_sandbox_id_keep_apart(local_provider):  # type: ignore[no-untyped-def]
+    """Two installations (or test workers) on one host may create the same sandbox id: each
+    root's jails have cgroups of their own, so destroying one leaves the other running."""
+    other = LocalProvider(root_dir=jail_root("other-installation"))
+    sandbox_id = "same-" + uuid.uuid4().hex[:8]
+    mine = local_provider.create(SandboxSpec(sandbox_id=sandbox_id)).provider_id
+    try:
+        theirs = other.create(SandboxSpec(sandbox_id=sandbox_id)).provider_id
+        try:
+            cgroups = [
+                json.loads((p.root_dir / s / "state.json").read_text())["cgroups"]
+                for p, s in ((local_provider, mine), (other, theirs))
+            ]
+            if not cgroups[0]:
+                missing_part("writable cgroups (jails run without them here)")
+            assert set(cgroups[0].values()).isdisjoint(cgroups[1].values()), cgroups
+        finally:
+            assert other.destroy(theirs)
+        assert sh(local_provider, mine, "echo alive").stdout == b"alive\n"
+    finally:
+        local_provider.destroy(mine)
+        other.close()
+    # The other root's cgroup parents went with its last jail.
+    assert not any(os.path.exists(os.path.dirname(path)) for path in cgroups[1].values())
+
+
 def test_networked_sandbox_cannot_proxy_to_host_ports(local_provider, make_sandbox):
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))

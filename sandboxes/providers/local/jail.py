@@ -21,6 +21,7 @@ from a template, the template's own read-only root file system (rootfs.py) inste
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -125,8 +126,17 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
-def cgroup_bases() -> dict[str, str]:
-    """Writable cgroup v1 parents per controller: ``<mount><our cgroup>/sandpit``.
+def cgroup_scope(root_dir: Path) -> str:
+    """The name of one jail root's cgroups under ``sandpit``: a digest of the root's path.
+
+    Jails of two roots on one host (two installations, or two test workers) may carry the
+    same sandbox id; in one shared parent, the second would join the first's cgroup, and
+    destroying either would kill both."""
+    return hashlib.sha256(str(root_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def cgroup_bases(scope: str) -> dict[str, str]:
+    """Writable cgroup v1 parents per controller: ``<mount><our cgroup>/sandpit/<scope>``.
 
     Nesting under our own cgroup keeps sandboxes inside whatever limits the
     host already puts on Sandpit. Controllers mounted together (cpu,cpuacct)
@@ -140,7 +150,7 @@ def cgroup_bases() -> dict[str, str]:
         real = os.path.realpath(mount)
         if real in seen or ctrl not in own or not os.path.exists(f"{mount}/cgroup.procs"):
             continue
-        base = f"{real}{own[ctrl].rstrip('/')}/sandpit"
+        base = f"{real}{own[ctrl].rstrip('/')}/sandpit/{scope}"
         try:
             os.makedirs(base, exist_ok=True)
         except OSError:
@@ -173,15 +183,37 @@ def cgroups_create(bases: dict[str, str], sandbox_id: str, res: Resources) -> di
     paths: dict[str, str] = {}
     for ctrl, base in bases.items():
         path = f"{base}/{sandbox_id}"
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue
-        paths[ctrl] = path
+        if _mkdir_under(base, path):
+            paths[ctrl] = path
     cgroups_set_limits(paths, res)
     return paths
+
+
+def _mkdir_under(base: str, path: str) -> bool:
+    """Make the cgroup `path` in `base`, remaking `base` if a process of the same root removed
+    it as empty meanwhile (cgroup_scope_remove); False when the host refuses."""
+    for _ in range(3):
+        try:
+            os.makedirs(base, exist_ok=True)
+            os.mkdir(path)
+        except FileExistsError:
+            return True
+        except FileNotFoundError:  # `base` went between the two calls: once more
+            continue
+        except OSError:
+            return False
+        return True
+    return False
+
+
+def cgroup_scope_remove(bases: dict[str, str]) -> None:
+    """Remove a root's cgroup parents that are empty; one with a jail's cgroup in it stays
+    (the kernel refuses to remove it)."""
+    for base in bases.values():
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
 
 
 def cgroups_set_limits(paths: dict[str, str], res: Resources) -> bool:

@@ -118,7 +118,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._identities.adopt(shared / "uids")
         if self._identities.switching:
             check_passable(self.root_dir)
-        self._cgroup_bases = jail.cgroup_bases()
+        self._cgroup_bases = jail.cgroup_bases(jail.cgroup_scope(self.root_dir))
         self._net_tools = net.find_tools()
         if self._net_tools is None:
             self.capabilities = frozenset(Capability) - {Capability.NETWORK}
@@ -149,9 +149,11 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             self._pool.start()
 
     def close(self) -> None:
-        """Destroy the unclaimed warm jails and stop refilling (also done at exit)."""
+        """Destroy the unclaimed warm jails and stop refilling (also done at exit); remove
+        this root's cgroup parents if no jail is left in them."""
         if self._pool is not None:
             self._pool.close()
+        jail.cgroup_scope_remove(self._cgroup_bases)
 
     def _etc_dirs_in_use(self) -> set[str]:
         """The /etc directory of every jail under root_dir (see etc.py)."""
