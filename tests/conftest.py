@@ -16,6 +16,8 @@ from rest_framework.test import APIClient
 from accounts import attempts
 from accounts.models import Membership, Organization, Role, User
 from accounts.services import api_key_create
+from sandboxes.providers.local import jail
+from tests.requirements import JAIL_ROOTS_MADE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,6 +37,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["SANDPIT_INSTALLATION"] = django_settings.SANDPIT_INSTALLATION = installation
     os.environ["SANDPIT_LOCAL_ROOT"] = str(root)
     django_settings.SANDPIT_LOCAL_ROOT = root
+    # Redis is shared too: metrics counters, rate limits and cached keys live under the
+    # prefix, and one worker's counts must not land in another's (the reaped counter did).
+    if "KEY_PREFIX" in django_settings.CACHES.get("default", {}):
+        prefix = f"{django_settings.CACHES['default']['KEY_PREFIX']}-{worker}"
+        os.environ["SANDPIT_REDIS_PREFIX"] = prefix
+        django_settings.CACHES["default"]["KEY_PREFIX"] = prefix
+        layer = django_settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+        if "prefix" in layer:
+            layer["prefix"] = prefix
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the cgroup parents of the jail roots this session made, where no jail is
+    left in them (each root has its own, see sandboxes/providers/local/jail.py)."""
+    for root in JAIL_ROOTS_MADE:
+        jail.cgroup_scope_remove(jail.cgroup_bases(jail.cgroup_scope(root)))
 
 
 @pytest.fixture(autouse=True)

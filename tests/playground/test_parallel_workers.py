@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.cache import caches
 
 from tests.docker_support import TEST_INSTALLATION
 from tests.operations import test_docker_engines
@@ -30,6 +31,10 @@ def test_a_worker_has_its_own_installations_and_jail_root() -> None:
     assert root.name.endswith(f"-{worker}")
     assert root.is_dir() and root.stat().st_mode & 0o111 == 0o111
     assert os.environ["SANDPIT_LOCAL_ROOT"] == str(root)
+    # Redis keys: the cache the product uses (metrics, rate limits, keys) and the servers'.
+    if "KEY_PREFIX" in settings.CACHES["default"]:
+        assert caches["default"].key_prefix.endswith(f"-{worker}")
+        assert os.environ["SANDPIT_REDIS_PREFIX"] == caches["default"].key_prefix
 
 
 def test_test_servers_listen_on_ports_of_their_workers_own() -> None:
