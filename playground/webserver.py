@@ -16,6 +16,7 @@ Bodies under the ceiling still meet Django's per-endpoint limits (JSON bodies:
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -114,14 +115,42 @@ class BodyLimitedWebRequest(WebRequest):
         return super().process()
 
 
+GC_YOUNGEST_THRESHOLD = 7000
+"""Allocations between collections of the youngest generation (Python's default is 700).
+Every request leaves its whole object graph (Django's and DRF's request, response, view,
+authenticators: about 70 objects) in reference cycles that only the collector frees. At 700
+a collection also visits the objects of every request still in flight, and promotes them;
+at 7000 most of those have finished first. The garbage held back is bounded by the
+threshold."""
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive once the application is loaded (modules, classes, settings,
+    URL patterns: about 190,000 objects here) out of the collector's reach, and collect the
+    youngest generation less often.
+
+    Unfrozen, each full collection walked that whole heap: ~100 ms of CPU with everything
+    stopped, 20 times in a 10-client read benchmark of 13,000 requests, and the collector
+    took ~270 us of CPU per request in all. Frozen, with the threshold above: ~75 us."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNGEST_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def start_providers_prepare() -> None:
-    """daphne's ready callable (it listens now): the warm pools start filling in a thread,
-    before the first request; building the docker provider waits for the engine."""
+    """The warm pools start filling in a thread, before the first request; building the
+    docker provider waits for the engine."""
     from sandboxes.services import providers_prepare
 
     threading.Thread(
         target=providers_prepare, name="sandpit-providers-prepare", daemon=True
     ).start()
+
+
+def server_ready() -> None:
+    """daphne's ready callable: it listens now, and the application is loaded."""
+    freeze_startup_heap()
+    start_providers_prepare()
 
 
 class BodyLimitedHTTPFactory(HTTPFactory):
@@ -148,7 +177,7 @@ class SandpitServer(Server):
         self._body_limited_factory = BodyLimitedHTTPFactory(self)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["ready_callable"] = kwargs.get("ready_callable") or start_providers_prepare
+        kwargs["ready_callable"] = kwargs.get("ready_callable") or server_ready
         super().__init__(*args, **kwargs)
 
 

@@ -1,0 +1,91 @@
+"""The web server freezes the heap it starts with and collects the youngest generation less
+often (playground/webserver.py): full collections no longer walk the loaded application."""
+
+from __future__ import annotations
+
+import gc
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from playground.webserver import GC_YOUNGEST_THRESHOLD, freeze_startup_heap
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def restored_collector() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def test_freezing_moves_the_live_heap_out_of_collections(restored_collector: None) -> None:
+    gc.unfreeze()
+    older = gc.get_threshold()[1:]
+    survivor = [object()]  # a container alive now, like a loaded module's objects
+    assert any(survivor is obj for obj in gc.get_objects())
+    freeze_startup_heap()
+    assert gc.get_freeze_count() > 10_000
+    # Frozen: no generation holds it, so no collection visits it again.
+    assert not any(survivor is obj for obj in gc.get_objects())
+    assert gc.get_threshold() == (GC_YOUNGEST_THRESHOLD, *older)
+
+
+def _get_json(port: int, path: str) -> dict[str, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+        assert response.status == 200, body[:500]
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+def test_the_launched_server_serves_with_a_frozen_heap() -> None:
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "playground.webserver", "--processes", "1"]
+        + ["-b", "127.0.0.1", "-p", str(port), "tests.playground.gc_probe_asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not start listening"
+                time.sleep(0.1)
+        state = _get_json(port, "/test/gc-state")
+        # The ready callable runs once daphne listens: a first request may come before it.
+        ready_by = time.monotonic() + 20
+        while not state["frozen"] and time.monotonic() < ready_by:
+            time.sleep(0.1)
+            state = _get_json(port, "/test/gc-state")
+        assert state["frozen"] > 50_000, state  # the whole loaded application
+        assert state["threshold"][0] == GC_YOUNGEST_THRESHOLD, state
+        assert _get_json(port, "/health/live")
+    finally:
+        proc.terminate()
+        proc.wait(30)
