@@ -16,6 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
+LAUNCHERS: dict[int, int] = {}
+"""The pid of the launcher serving each port `daphne()` started, while it runs."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -113,9 +116,11 @@ def daphne(
                 break
         except OSError:
             time.sleep(0.1)
+    LAUNCHERS[port] = proc.pid
     try:
         yield port
     finally:
+        LAUNCHERS.pop(port, None)
         proc.terminate()
         proc.wait(10)
 
@@ -136,6 +141,32 @@ class Api:
             return response.status, json.loads(raw) if raw else None
         except ValueError:
             return response.status, raw
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def web_processes(port: int) -> list[int]:
+    """The web server processes serving `port`: the launcher (which is the server itself
+    when it runs one process) and the Python servers it started; not the jails below them."""
+    launcher = LAUNCHERS[port]
+    found = [launcher]
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"playground.webserver" in command:  # its children (playground/webprocs.py)
+                found.append(int(child))
+    return found
 
 
 def percentile(values: list[float], p: float) -> float:

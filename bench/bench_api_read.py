@@ -7,6 +7,8 @@ Run:  .venv/bin/python bench/bench_api_read.py [--runs 400] [--clients 1,10]
 With `--clients N`, N keep-alive connections ask at once (each a thread), hello and read
 rounds interleaved so a drifting machine moves both alike. Issue 18's target: read p50 at
 most 2x hello's. The hello endpoint lives only in the bench's server (bench/_bench_asgi.py).
+A second table gives the web processes' CPU per request for each (from /proc): latency on
+this shared machine swings with its neighbours' load, CPU per request much less.
 
 More servers can be measured in the same run, their rounds interleaved with the product's:
 `--stock-middleware` serves the same code with Django's stock middleware in place of the
@@ -25,7 +27,17 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _server import ROOT, Api, bench_env, create_org_and_key, daphne, ensure_database, percentile
+from _server import (
+    ROOT,
+    Api,
+    bench_env,
+    create_org_and_key,
+    daphne,
+    ensure_database,
+    percentile,
+    process_cpu_s,
+    web_processes,
+)
 
 
 def timed_calls(port: int, key: str, path: str, clients: int, runs: int) -> list[float]:
@@ -65,6 +77,17 @@ class Served:
     read: str = ""
     hello: dict[int, list[float]] = field(default_factory=dict)
     reads: dict[int, list[float]] = field(default_factory=dict)
+    cpu_s: dict[tuple[int, str], float] = field(default_factory=dict)
+    """The web processes' CPU seconds while (clients, "hello" or "read") was measured."""
+
+    def timed(self, key: str, path: str, clients: int, runs: int, which: str) -> list[float]:
+        """timed_calls, adding the web processes' CPU over the calls to `cpu_s`."""
+        pids = web_processes(self.port)
+        before = sum(process_cpu_s(pid) for pid in pids)
+        samples = timed_calls(self.port, key, path, clients, runs)
+        spent = sum(process_cpu_s(pid) for pid in pids) - before
+        self.cpu_s[clients, which] = self.cpu_s.get((clients, which), 0.0) + spent
+        return samples
 
 
 def main() -> None:
@@ -116,10 +139,10 @@ def main() -> None:
             for _ in range(args.rounds):
                 for one in served:
                     one.hello.setdefault(n, []).extend(
-                        timed_calls(one.port, key, "/bench/hello", n, per_round)
+                        one.timed(key, "/bench/hello", n, per_round, "hello")
                     )
                     one.reads.setdefault(n, []).extend(
-                        timed_calls(one.port, key, one.read, n, per_round)
+                        one.timed(key, one.read, n, per_round, "read")
                     )
     print("\nGET, ms per request (rounds of every server interleaved, same run)")
     print("server | clients | hello p50 | hello p95 | read p50 | read p95 | p50 ratio")
@@ -132,6 +155,13 @@ def main() -> None:
                 f"{percentile(reads, 95):.2f} | {r50 / h50:.2f}x"
             )
     print("\nTarget (issue 18): read p50 <= 2x hello p50 (each server's own hello).")
+    print("\nWeb processes' CPU per request, us (their background threads included)")
+    print("server | clients | hello | read | ratio")
+    for n in clients:
+        for one in served:
+            hello_us = one.cpu_s[n, "hello"] * 1e6 / len(one.hello[n])
+            read_us = one.cpu_s[n, "read"] * 1e6 / len(one.reads[n])
+            print(f"{one.label} | {n} | {hello_us:.0f} | {read_us:.0f} | {read_us / hello_us:.2f}x")
 
 
 if __name__ == "__main__":

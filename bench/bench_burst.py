@@ -54,6 +54,7 @@ from _server import (
     ensure_database,
     floors_apart,
     percentile,
+    process_cpu_s,
 )
 from bench_sandbox_api import BWRAP
 
@@ -191,7 +192,7 @@ class CpuMeter:
         if self.server is None:
             return None
         server = int((self.server / "cpuacct.usage").read_text()) / 1e9
-        web = sum(_proc_cpu(pid) for pid in self.web_pids)
+        web = sum(process_cpu_s(pid) for pid in self.web_pids)
         # Not RUSAGE_CHILDREN: it misses work bwrap's namespaced children leave to the kernel.
         floors = int((self.floors / "cpuacct.usage").read_text()) / 1e9 if self.floors else 0.0
         own = resource.getrusage(resource.RUSAGE_SELF)
@@ -217,15 +218,6 @@ def _own_cgroup(controller: str) -> str | None:
             if controller in names.split(","):
                 return path
     return None
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_row(
