@@ -53,10 +53,11 @@ def server_start(
     *,
     module: str = "playground.webserver",
     through: Sequence[str] = (),
+    app: str = "playground.asgi:application",
 ) -> subprocess.Popen[bytes]:
-    """`python -m <module> -b 127.0.0.1 -p <port> playground.asgi:application` from the
-    checkout, stdout and stderr to `out`. `module`: the product's launcher, or "daphne";
-    `through`: a command that launches it (e.g. tests/unfriendly_launch.py's)."""
+    """`python -m <module> -b 127.0.0.1 -p <port> <app>` from the checkout, stdout and
+    stderr to `out`. `module`: the product's launcher, or "daphne"; `through`: a command
+    that launches it (e.g. tests/unfriendly_launch.py's); `app`: the ASGI application."""
     return subprocess.Popen(
         [
             *through,
@@ -67,7 +68,7 @@ def server_start(
             "127.0.0.1",
             "-p",
             str(port),
-            "playground.asgi:application",
+            app,
         ],
         cwd=ROOT,
         env=env,

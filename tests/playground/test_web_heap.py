@@ -8,8 +8,6 @@ import http.client
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from playground.webserver import GC_YOUNGEST_THRESHOLD, freeze_startup_heap
-from tests.servers import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.servers import free_port, server_start
 
 
 @pytest.fixture
@@ -56,26 +52,26 @@ def _get_json(port: int, path: str) -> dict[str, object]:
         conn.close()
 
 
-def test_the_launched_server_serves_with_a_frozen_heap() -> None:
+def test_the_launched_server_serves_with_a_frozen_heap(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "playground.settings"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "playground.webserver", "--processes", "1"]
-        + ["-b", "127.0.0.1", "-p", str(port), "tests.playground.gc_probe_asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "SANDPIT_WEB_PROCESSES": "1",
+        "SANDPIT_LOCAL_WARM_POOL": "0",  # no jails: only the collector is asked about
+    }
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = server_start(port, env, out, app="tests.playground.gc_probe_asgi:application")
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+            assert proc.poll() is None, log.read_text()[-3000:]
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline, "the server did not start listening"
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.1)
         state = _get_json(port, "/test/gc-state")
         # The ready callable runs once daphne listens: a first request may come before it.
