@@ -261,6 +261,7 @@ def spawn(
             _limit_child(pid)
             REAPER.has_children.set()
             return child
+    shim = libc_spawn.via_shim()
     with REAPER.lock:
         pid = os.fork()
         if pid == 0:  # child: only syscalls from here on
@@ -277,10 +278,14 @@ def spawn(
                 signal.pthread_sigmask(signal.SIG_SETMASK, [])
                 if program is None:
                     raise FileNotFoundError("command not found")
+                if shim is not None:  # glibc's own two may still be ignored (spawn.py)
+                    os.execve(shim, [shim, program, *argv], env)  # noqa: S606 - our shim
                 os.execve(program, argv, env)  # noqa: S606 - argv is the command by design
             except BaseException as exc:  # noqa: BLE001 - report anything, then die
+                # As the exec shim words it: "sandpit: ./x: Exec format error".
+                detail = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else exc
                 try:
-                    os.write(2, f"sandpit: {argv[0]}: {exc}\n".encode(errors="replace"))
+                    os.write(2, f"sandpit: {argv[0]}: {detail}\n".encode(errors="replace"))
                 finally:
                     os._exit(127)
         child = Child(pid, command, kind, tag)

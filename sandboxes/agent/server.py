@@ -205,7 +205,8 @@ def main() -> None:
         return
     CONFIG.update(json_loads(sys.argv[1]))
     reset_inherited_signals()  # before any thread starts: they inherit the mask
-    spawn.start_loading()  # slow, and only the first command needs it: meanwhile
+    # A warm jail (config_fd) loads libc's posix_spawn while it idles in the pool.
+    spawn.start_loading(CONFIG.get("exec_shim"), preload=CONFIG.get("config_fd") is not None)
     if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
         limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code

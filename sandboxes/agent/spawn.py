@@ -12,8 +12,15 @@ signals survive exec), and the agent's forked children would inherit that. Pytho
 signal module cannot touch them either, so `_load` sets an ignored one back to its
 default with the raw rt_sigaction system call.
 
-ctypes costs 10-40 ms to import: `start_loading()` imports it on a thread of its own as
-the agent starts, and `wait_loaded()` holds the first command until it is done.
+Loading ctypes and libc costs each agent ~2 ms of CPU (10-40 ms of wall time), so
+`start_loading()` does it on a thread of its own, and without the exec shim `wait_loaded()`
+holds the first command until it is done. Where the host provides the shim (exec_shim.c;
+the local provider binds it into each jail), commands start through os.posix_spawn of the
+shim instead, which sets those two back to their default before it runs the command (an
+exec more: ~0.6 ms of CPU per command), until libc is loaded. A cold jail loads it only
+once it has started `SHIM_SPAWNS_BEFORE_LIBC` commands: a sandbox that runs one command
+(a burst of creates) never pays for it, one that runs many pays it once. A warm jail loads
+it as it starts, while it idles in the pool.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ import sys
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal
     from typing import Any
+else:
+    import _signal  # the C module: importing `signal` would build its enums at start
 
 _SETSIGDEF = 0x04
 _SETSIGMASK = 0x08
@@ -45,25 +55,53 @@ _KERNEL_SIGACTION_BYTES = 64
 """Room for the kernel's struct sigaction (32 bytes on x86-64); all zeros is SIG_DFL."""
 _SIG_IGN = 1
 _LOAD_WAIT_S = 10.0
+SHIM_SPAWNS_BEFORE_LIBC = 2
 
 _state: dict[str, Any] = {}
 _loaded = _thread.allocate_lock()
 _loaded.acquire()
 
 
-def start_loading() -> None:
-    """Load libc's posix_spawn on a thread of its own (see the module docstring)."""
+def start_loading(exec_shim: str | None = None, *, preload: bool = True) -> None:
+    """Load libc's posix_spawn on a thread of its own, now unless there is `exec_shim` and
+    not `preload` (see the module docstring); until it is loaded, commands start through
+    `exec_shim` where there is one."""
+    if exec_shim is not None:
+        _state.update(
+            exec_shim=exec_shim,
+            shim_sigdef=[sig for sig in _signal.valid_signals() if sig not in _NO_DEFAULT],
+            shim_spawns=0,
+        )
+    if exec_shim is None or preload:
+        _begin_loading()
+
+
+def _begin_loading() -> None:
+    if _state.get("loading"):
+        return
+    _state["loading"] = True
     if sys.platform == "linux":
         _thread.start_new_thread(_load, ())
     else:
+        _state["done"] = True
         _loaded.release()
 
 
 def wait_loaded() -> None:
     """Until `_load` is done (or gave up), so that no command starts before the agent's
-    own ignored internal signals are reset."""
+    own ignored internal signals are reset; at once where commands can start through the
+    exec shim meanwhile."""
+    if "exec_shim" in _state:
+        return
     if not _state.get("done") and _loaded.acquire(True, _LOAD_WAIT_S):
         _loaded.release()
+
+
+def via_shim() -> str | None:
+    """The exec shim, for a forked child to exec the command through, while libc's
+    posix_spawn is not loaded (until then the agent's own internal signals may still be
+    ignored, and a forked child would inherit that)."""
+    return None if "libc" in _state else _state.get("exec_shim")
 
 
 def _load() -> None:
@@ -118,9 +156,15 @@ def spawn(
 ) -> int | None:
     """vfork+exec `program` in a new session with `fds` as its 0, 1 and 2, every signal
     at its default and none blocked. The pid; None when libc's posix_spawn is not loaded
-    (yet) or exec failed (the caller's other path reports the error)."""
+    (yet) and there is no exec shim, or exec failed (the caller's other path reports the
+    error)."""
     if "libc" not in _state:
-        return None
+        if "exec_shim" not in _state:
+            return None
+        _state["shim_spawns"] += 1
+        if _state["shim_spawns"] >= SHIM_SPAWNS_BEFORE_LIBC:
+            _begin_loading()
+        return _spawn_through_shim(program, argv, env, fds)
     ctypes = _state["ctypes"]
     libc = _state["libc"]
     attr = ctypes.create_string_buffer(_ATTR_BYTES)
@@ -155,3 +199,24 @@ def spawn(
             libc.posix_spawn_file_actions_destroy(actions)
     finally:
         libc.posix_spawnattr_destroy(attr)
+
+
+def _spawn_through_shim(
+    program: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int]
+) -> int | None:
+    """`spawn` through os.posix_spawn and the exec shim, which runs `program` once it has
+    set glibc's two internal signals back to their default. An exec error is the shim's to
+    report (exit status 127, as the fork path); None only when the shim did not start."""
+    shim = _state["exec_shim"]
+    try:
+        return os.posix_spawn(
+            shim,
+            [shim, program, *argv],
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+            setsid=True,
+            setsigmask=(),
+            setsigdef=_state["shim_sigdef"],
+        )
+    except OSError:
+        return None

@@ -12,14 +12,20 @@ from __future__ import annotations
 import io
 import socket
 import subprocess
+import time
+import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandboxes.agent import wire
+from sandboxes.agent.spawn import SHIM_SPAWNS_BEFORE_LIBC
 from sandboxes.providers import agent_bundle
-from sandboxes.providers.local.jail import JAIL_PYTHON
+from sandboxes.providers.base import ExecRequest, SandboxProvider, SandboxSpec
+from sandboxes.providers.local import c_helpers
+from sandboxes.providers.local.jail import JAIL_EXEC_SHIM, JAIL_PYTHON
 from tests.requirements import missing_part
 
 HEAVY = frozenset(
@@ -34,7 +40,7 @@ HEAVY = frozenset(
         "subprocess",
         "signal",
         "threading",
-        "ctypes",  # loaded later, on a thread of its own (spawn.start_loading)
+        "ctypes",  # loaded later, on a thread of its own, where there is no exec shim
         "runpy",
         "importlib.util",
     }
@@ -77,6 +83,94 @@ def test_the_agent_starts_from_its_compiled_modules(tmp_path: Path) -> None:
     sources = {name for name in names if name.startswith(package) and name.endswith(".py")}
     assert sources
     assert {name + "c" for name in sources} <= names
+
+
+PT_INTERP = 3
+
+
+@pytest.fixture
+def jail_id(local_provider: SandboxProvider) -> Iterator[str]:
+    handle = local_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    try:
+        yield handle.provider_id
+    finally:
+        local_provider.destroy(handle.provider_id)
+
+
+def test_a_cold_jail_starts_its_first_commands_through_the_shim(
+    local_provider: SandboxProvider, jail_id: str
+) -> None:
+    """The agent (PID 1 in the jail) starts its first command through the exec shim
+    without loading ctypes (~2 ms of CPU per jail); after SHIM_SPAWNS_BEFORE_LIBC it loads
+    libc's posix_spawn, and the commands after that still get every signal at its default,
+    glibc's internal two included (test_inherited_signals.py covers the other paths)."""
+    time.sleep(0.3)  # an agent loading it as it starts would have by now (10-40 ms)
+    maps = local_provider.exec(jail_id, ExecRequest(command="cat", args=["/proc/1/maps"]))
+    assert maps.exit_code == 0 and b"python3" in maps.stdout  # the agent's own map
+    assert b"_ctypes" not in maps.stdout and b"libffi" not in maps.stdout
+    shim = local_provider.exec(jail_id, ExecRequest(command="test", args=["-x", JAIL_EXEC_SHIM]))
+    assert shim.exit_code == 0, "no exec shim in the jail"
+    assert SHIM_SPAWNS_BEFORE_LIBC == 2  # these two commands were the shim's
+    deadline = time.monotonic() + 30
+    while b"_ctypes" not in maps.stdout:
+        assert time.monotonic() < deadline, "the agent never loaded libc's posix_spawn"
+        time.sleep(0.05)
+        maps = local_provider.exec(jail_id, ExecRequest(command="cat", args=["/proc/1/maps"]))
+    status = local_provider.exec(
+        jail_id, ExecRequest(command="grep", args=["^Sig", "/proc/self/status"])
+    )
+    state = dict(line.split(":\t", 1) for line in status.stdout.decode().splitlines())
+    assert int(state["SigIgn"], 16) == 0 and int(state["SigBlk"], 16) == 0, state
+
+
+@pytest.mark.parametrize(
+    ("command", "cwd"),
+    [("./notes", None), ("/workspace/notes", "/tmp")],
+    ids=["shim", "fork"],
+)
+def test_a_command_that_cannot_be_executed_is_reported_like_a_shell(
+    local_provider: SandboxProvider, jail_id: str, command: str, cwd: str | None
+) -> None:
+    """Found and executable, but not a program (no #! line): exec's error on the command's
+    stderr with status 127, in the same words whether the shim reports it (posix_spawn in
+    the workspace) or the agent's forked child (another working directory)."""
+    local_provider.write_file(jail_id, "/workspace/notes", b"echo not run\n")
+    local_provider.exec(jail_id, ExecRequest(command="chmod", args=["+x", "notes"]))
+    result = local_provider.exec(jail_id, ExecRequest(command=command, args=[], cwd=cwd))
+    assert result.exit_code == 127
+    assert result.stdout == b""
+    assert result.stderr == f"sandpit: {command}: Exec format error\n".encode()
+
+
+def _has_program_interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF file has a PT_INTERP program header."""
+    assert elf[:4] == b"\x7fELF" and elf[4] == 2 and elf[5] == 1, "not a 64-bit LE ELF file"
+    offset = int.from_bytes(elf[32:40], "little")
+    size = int.from_bytes(elf[54:56], "little")
+    count = int.from_bytes(elf[56:58], "little")
+    types = [
+        int.from_bytes(elf[offset + i * size : offset + i * size + 4], "little")
+        for i in range(count)
+    ]
+    return PT_INTERP in types
+
+
+def test_the_exec_shim_is_static_and_built_once(tmp_path: Path) -> None:
+    """Static, so that it runs in a template's root file system whatever its libc; readable
+    and executable by the jails' uids; compiled once per source version."""
+    built = c_helpers.build_exec_shim(tmp_path)
+    if built is None:
+        missing_part("no C compiler (with a static libc) to build the exec shim")
+    assert built.stat().st_mode & 0o777 == 0o755
+    assert not _has_program_interpreter(built.read_bytes())  # static: no ld.so to find
+    ran = subprocess.run(  # noqa: S603 - our shim running /bin/echo
+        [str(built), "/bin/echo", "echo", "a", "b"], capture_output=True, check=False
+    )
+    assert (ran.returncode, ran.stdout) == (0, b"a b\n")
+    stamp = built.stat().st_mtime_ns
+    assert c_helpers.build_exec_shim(tmp_path, compiler="/nonexistent/cc") == built
+    assert built.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [built.name]
 
 
 class _WithoutPrivateAccept:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.providers.base import ExecRequest, SandboxSpec
-from sandboxes.providers.local import LocalProvider, jail, launcher
+from sandboxes.providers.local import LocalProvider, c_helpers, jail, launcher
 from sandboxes.providers.local.provider import LAUNCH_APART
 from tests.requirements import jail_root, missing_part
 
@@ -195,7 +195,7 @@ def test_the_helper_is_built_once_per_source_version(tmp_path: Path) -> None:
     if built is None:
         missing_part("no C compiler to build jail_launch")
     assert built is not None
-    assert built.name == launcher.binary_name(launcher.SOURCE.read_bytes())
+    assert built.name == c_helpers.binary_name(launcher.PREFIX, launcher.SOURCE.read_bytes())
     assert built.stat().st_mode & 0o777 == 0o700
     stamp = built.stat().st_mtime_ns
     assert launcher.build(tmp_path, compiler="/nonexistent/cc") == built  # cached: no compile

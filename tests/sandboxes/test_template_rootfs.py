@@ -63,7 +63,7 @@ def test_links_out_of_the_tree_never_touch_the_host(tmp_path):
     assert list((host / "opt").iterdir()) == []
     for sub in ("opt", "opt/sandpit", "run", "run/sandpit", "etc"):
         assert (root / sub).is_dir() and not (root / sub).is_symlink(), sub
-    for sub in ("etc/resolv.conf", "opt/sandpit/agent.pyz", "etc/passwd"):
+    for sub in ("etc/resolv.conf", "opt/sandpit/agent.pyz", "opt/sandpit/exec-shim", "etc/passwd"):
         assert (root / sub).is_file() and not (root / sub).is_symlink(), sub
     assert not (root / "dev" / "sda").exists()
     python = (root / "usr" / "bin" / "python3").lstat()

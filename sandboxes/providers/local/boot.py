@@ -53,6 +53,7 @@ class JailBoot:
     _shared_etc: Path
     _etc: JailEtc
     _agent_path: Path
+    _exec_shim: Path | None
     _net_tools: net.NetTools | None
     _bwraps: dict[str, subprocess.Popen[bytes]]
     _lock: threading.Lock
@@ -171,6 +172,13 @@ class JailBoot:
         cgroups = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         if warm:  # let it start without slowing the sandboxes in use
             jail.cgroups_set_background(cgroups, True)
+        root = rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None
+        # A root file system installed before the shim existed has no place to bind it.
+        exec_shim = self._exec_shim
+        if root is not None:
+            mount_point = root / jail.JAIL_EXEC_SHIM.lstrip("/")
+            if mount_point.is_symlink() or not mount_point.is_file():
+                exec_shim = None
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         ready_r, ready_w = os.pipe()
@@ -179,6 +187,7 @@ class JailBoot:
             "ready_fd": ready_w,
             "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
             "config_fd": config_fd,
+            "exec_shim": jail.JAIL_EXEC_SHIM if exec_shim is not None else None,
         }
         etc_dir = None if spec.rootfs else self._etc.current(network=spec.network)
         argv = jail.bwrap_argv(
@@ -187,12 +196,13 @@ class JailBoot:
             shared_etc=self._shared_etc,
             etc_dir=etc_dir,
             agent_path=self._agent_path,
+            exec_shim=exec_shim,
             network=spec.network,
             env=jail.base_env(env),
             info_fd=info_w,
             block_fd=block_r,
             agent_config=config,
-            rootfs=rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None,
+            rootfs=root,
         )
         log = os.fdopen(  # noqa: SIM115 - handed to the child
             os.open(

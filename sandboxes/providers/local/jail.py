@@ -36,6 +36,8 @@ from sandboxes.providers.local.net import RESOLV_CONF
 
 SANDBOX_UID = 1000
 JAIL_AGENT = "/opt/sandpit/agent.pyz"
+JAIL_EXEC_SHIM = "/opt/sandpit/exec-shim"
+"""Where a jail sees the agent's exec shim (sandboxes/agent/exec_shim.c), when built."""
 JAIL_PYTHON = "/usr/bin/python3"
 """The interpreter the agent runs under in a jail without a template's root file system."""
 _AGENT_MAIN = (
@@ -428,10 +430,12 @@ def bwrap_argv(
     agent_config: dict,
     rootfs: Path | None = None,
     etc_dir: Path | None = None,
+    exec_shim: Path | None = None,
 ) -> list[str]:
     """The bwrap command line of a jail. `rootfs`: a template's read-only root file system
     (rootfs.py), bound at / in place of the host's /usr, top-level links and /etc files.
-    `etc_dir`: the jail's whole /etc (etc.py), in place of a bind per file."""
+    `etc_dir`: the jail's whole /etc (etc.py), in place of a bind per file. `exec_shim`:
+    the agent's exec shim, bound read-only at JAIL_EXEC_SHIM."""
     args = [
         bwrap,
         "--unshare-all",
@@ -494,6 +498,7 @@ def bwrap_argv(
         "--ro-bind",
         str(agent_path),
         JAIL_AGENT,
+        *(["--ro-bind", str(exec_shim), JAIL_EXEC_SHIM] if exec_shim is not None else []),
         "--chdir",
         "/workspace",
         "--clearenv",

@@ -43,7 +43,7 @@ from sandboxes.providers.base import (
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import jail, launcher, net, volume
+from sandboxes.providers.local import c_helpers, jail, launcher, net, volume
 from sandboxes.providers.local.boot import (
     BWRAP_INSTALL_HINT,
     JailBoot,
@@ -110,6 +110,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._etc.remove_unused(self._etc_dirs_in_use())
         self._agent_path = shared / "agent.pyz"
         jail.install_agent(self._agent_path)
+        self._exec_shim = c_helpers.build_exec_shim(shared)
         # One lock directory for the whole host, not per root: two providers with different
         # roots must never hand the same host uid to two live jails.
         self._identities = HostIdentities(Path(host_uid_lock_dir), host_uid_base, host_uid_count)

@@ -30,6 +30,7 @@ from sandboxes.providers.base import ProviderError
 JAIL_MOUNT_DIRS = ("workspace", "tmp", "run/sandpit", "proc", "dev", "opt/sandpit")
 JAIL_MOUNT_FILES = (
     "opt/sandpit/agent.pyz",
+    "opt/sandpit/exec-shim",
     "etc/passwd",
     "etc/group",
     "etc/hosts",
