@@ -8,7 +8,9 @@ the sandbox's own Python (3.11 in the image). The host side ships it as one zip 
 (sandboxes/providers/agent_bundle.py) that ``python3 -I -S`` runs.
 
 Modules: server (entry point, request loop, relay mode), wire (JSON lines), procs
-(spawning, reaping, killing, background processes), spawn (libc's posix_spawn), execute, terminal, ports, files.
+(spawning, reaping, killing, background processes), spawn (libc's posix_spawn, or the exec
+shim: exec_shim.c, which the local provider compiles and binds; not in the zip), execute,
+terminal, ports, files.
 """
 
 PROTOCOL = 2
