@@ -26,6 +26,7 @@ from sandboxes.providers import agent_bundle
 from sandboxes.providers.base import ExecRequest, SandboxProvider, SandboxSpec
 from sandboxes.providers.local import c_helpers
 from sandboxes.providers.local.jail import JAIL_EXEC_SHIM, JAIL_PYTHON
+from sandboxes.providers.local.provider import EXEC_SHIM
 from tests.requirements import missing_part
 
 HEAVY = frozenset(
@@ -110,6 +111,7 @@ def test_a_cold_jail_starts_its_first_commands_through_the_shim(
     assert b"_ctypes" not in maps.stdout and b"libffi" not in maps.stdout
     shim = local_provider.exec(jail_id, ExecRequest(command="test", args=["-x", JAIL_EXEC_SHIM]))
     assert shim.exit_code == 0, "no exec shim in the jail"
+    assert f"commands start through the {EXEC_SHIM}" in local_provider.health().detail
     assert SHIM_SPAWNS_BEFORE_LIBC == 2  # these two commands were the shim's
     deadline = time.monotonic() + 30
     while b"_ctypes" not in maps.stdout:

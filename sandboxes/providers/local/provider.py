@@ -65,6 +65,7 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 LAUNCH_APART = "jail_launch"
+EXEC_SHIM = "exec shim"
 """Named in health's detail when jails start through launcher.py's helper."""
 
 
@@ -416,8 +417,13 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             if self._launcher is not None
             else "jails start beside every volume (no jail_launch: not root, or no C compiler)"
         )
+        shim = (
+            f"commands start through the {EXEC_SHIM}"
+            if self._exec_shim is not None
+            else f"no {EXEC_SHIM} (no C compiler or static libc): agents load ctypes"
+        )
         return ProviderHealth(
-            True, f"bwrap ok; {limits}; {disk}; {network}; {launch}", _ms(started)
+            True, f"bwrap ok; {limits}; {disk}; {network}; {launch}; {shim}", _ms(started)
         )
 
 
