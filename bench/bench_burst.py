@@ -138,6 +138,20 @@ def phases_line(phases: Phases, floor_p50: float) -> str:
     )
 
 
+def burst_phases_line(name: str, phases: Phases) -> str:
+    """A burst's two round trips apart (p50 / p95): whether its sandboxes wait for their
+    create or for their first command."""
+
+    def both(samples: list[float]) -> str:
+        return "{:.0f} / {:.0f}".format(*summary(samples))
+
+    return (
+        f"{name.split(' (')[0]}: create {both(phases.create)} ms, then the command "
+        f"{both(phases.command)} ms (p50 / p95), `node -v` running {both(phases.in_sandbox)} ms "
+        "of it in the sandbox"
+    )
+
+
 async def destroy_all(client: Any, created: list[str]) -> None:
     for start in range(0, len(created), 20):
         batch = created[start : start + 20]
@@ -354,7 +368,9 @@ async def measure(
             cpu_rows.append(row)
 
         for burst in range(1, args.bursts + 1 if args.burst > 0 else 1):  # --burst 0: none
-            await many_at_once(client, args, meter, burst, root, want, rows, cpu_rows, created)
+            await many_at_once(
+                client, args, meter, burst, root, want, rows, cpu_rows, notes, created
+            )
     return rows, cpu_rows
 
 
@@ -367,6 +383,7 @@ async def many_at_once(
     want: int,
     rows: list[tuple[str, ...]],
     cpu_rows: list[tuple[str, ...]],
+    notes: list[str],
     created: list[str],
 ) -> None:
     """The floor burst, then the product burst (after the first, once the pools stopped
@@ -377,8 +394,9 @@ async def many_at_once(
     before = meter.sample()
     floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
     middle = meter.sample()
+    phases = Phases()
     results = await asyncio.gather(
-        *(product_once(client, args.provider, created) for _ in range(args.burst)),
+        *(product_once(client, args.provider, created, phases) for _ in range(args.burst)),
         return_exceptions=True,
     )
     after = meter.sample()
@@ -392,6 +410,8 @@ async def many_at_once(
     row = cpu_row(name, (middle, after), (before, middle), args.burst, budget)
     if row is not None:
         cpu_rows.append(row)
+    if phases.create:
+        notes.append(burst_phases_line(name, phases))
     for error in errors[:3]:
         print("error:", error)
 

@@ -42,6 +42,7 @@ from django.conf import settings  # noqa: E402
 
 from common.errors import error_body  # noqa: E402
 from playground.webprocs import planned_processes, serve
+from playground.webthreads import skip_request_started
 
 logger = logging.getLogger("playground.webserver")
 
@@ -149,6 +150,7 @@ def start_providers_prepare() -> None:
 
 def server_ready() -> None:
     """daphne's ready callable: it listens now, and the application is loaded."""
+    skip_request_started()
     freeze_startup_heap()
     start_providers_prepare()
 

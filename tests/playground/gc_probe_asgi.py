@@ -1,10 +1,12 @@
-"""The product's ASGI application plus GET /test/gc-state, which reports the collector's
-state in the serving process, for tests/playground/test_web_heap.py only."""
+"""The product's ASGI application plus two probes of the serving process, for
+tests/playground/test_web_heap.py only: GET /test/gc-state (the collector's state) and
+GET /test/request-started (how many receivers Django's request_started signal has)."""
 
 from __future__ import annotations
 
 import gc
 
+from django.core import signals
 from django.http import HttpRequest, JsonResponse
 from django.urls import clear_url_caches, path
 
@@ -16,7 +18,12 @@ def gc_state(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"frozen": gc.get_freeze_count(), "threshold": list(gc.get_threshold())})
 
 
+def request_started(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"receivers": len(signals.request_started.receivers)})
+
+
 urlpatterns.insert(0, path("test/gc-state", gc_state))
+urlpatterns.insert(0, path("test/request-started", request_started))
 clear_url_caches()
 
 __all__ = ["application"]

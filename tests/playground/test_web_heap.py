@@ -1,5 +1,6 @@
 """The web server freezes the heap it starts with and collects the youngest generation less
-often (playground/webserver.py): full collections no longer walk the loaded application."""
+often (playground/webserver.py): full collections no longer walk the loaded application.
+Its ready callable also drops Django's request_started receivers (playground/webthreads.py)."""
 
 from __future__ import annotations
 
@@ -53,12 +54,15 @@ def _get_json(port: int, path: str) -> dict[str, object]:
 
 
 def test_the_launched_server_serves_with_a_frozen_heap(tmp_path: Path) -> None:
+    """Also what the same ready callable does for request threads (playground/webthreads.py,
+    tested in-process in test_web_threads.py): no request_started receivers left."""
     port = free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "playground.settings",
         "SANDPIT_WEB_PROCESSES": "1",
         "SANDPIT_LOCAL_WARM_POOL": "0",  # no jails: only the collector is asked about
+        "DJANGO_DEBUG": "false",  # as deployed: with DEBUG, reset_queries has work
     }
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
@@ -81,6 +85,7 @@ def test_the_launched_server_serves_with_a_frozen_heap(tmp_path: Path) -> None:
             state = _get_json(port, "/test/gc-state")
         assert state["frozen"] > 50_000, state  # the whole loaded application
         assert state["threshold"][0] == GC_YOUNGEST_THRESHOLD, state
+        assert _get_json(port, "/test/request-started") == {"receivers": 0}
         assert _get_json(port, "/health/live")
     finally:
         proc.terminate()

@@ -1,17 +1,30 @@
 """Django's HTTP handler on reused request threads (playground/webthreads.py), driven
 in-process over ASGI: requests still run side by side, each on one thread, and a thread
-still busy with a cancelled request is not handed to the next one."""
+still busy with a cancelled request is not handed to the next one. Without Django's
+request_started receivers (as the web server runs) a request is one thread hop fewer, and
+still finds no database connection left open on its thread."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from asgiref.testing import ApplicationCommunicator
+from django.core import signals
+from django.db import close_old_connections, connections, reset_queries
 
-from playground.webthreads import PooledASGIHandler
+from playground.webthreads import (
+    PooledASGIHandler,
+    RequestThread,
+    RequestThreads,
+    request_started_has_no_work,
+    skip_request_started,
+)
 from tests.playground import threads_urls
 
 pytestmark = pytest.mark.urls("tests.playground.threads_urls")
@@ -107,3 +120,119 @@ def test_a_thread_still_busy_after_its_request_was_cancelled_is_not_reused() -> 
     status, _ = asyncio.run(scenario())
     assert status == 200
     assert threads_urls.LEFT.wait(20)
+
+
+# --- request_started skipped on reused threads ---------------------------------------------
+
+
+@pytest.fixture
+def request_started_skipped() -> Iterator[None]:
+    """skip_request_started as the web server calls it, undone afterwards."""
+    before = list(signals.request_started.receivers)
+    try:
+        assert skip_request_started()
+        yield
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_started.connect(reset_queries)
+        assert len(signals.request_started.receivers) == len(before)
+
+
+class CountingThreads(RequestThreads):
+    """Request threads that count the calls handed to them."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(keep)
+        self.calls = 0
+
+    def take(self) -> RequestThread:
+        thread = super().take()
+        submit = thread.submit
+
+        def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return submit(fn, *args, **kwargs)
+
+        thread.submit = counted  # type: ignore[method-assign]
+        return thread
+
+
+def test_without_request_started_receivers_a_request_is_one_hop_fewer() -> None:
+    def hops(app: PooledASGIHandler) -> int:
+        app.threads = CountingThreads(4)
+        assert asyncio.run(get(app, "/ident"))[0] == 200
+        return app.threads.calls
+
+    with_receivers = hops(PooledASGIHandler(keep=4))
+    assert skip_request_started()
+    try:
+        without = hops(PooledASGIHandler(keep=4))
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_started.connect(reset_queries)
+    # Django's: request_started, the view, response.close (request_finished).
+    assert (with_receivers, without) == (3, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reused_thread_starts_each_request_without_a_connection(
+    request_started_skipped: None,
+) -> None:
+    threads_urls.OPENED.clear()
+    app = PooledASGIHandler(keep=4)
+
+    async def three() -> list[tuple[int, str]]:
+        return [await get(app, "/database") for _ in range(3)]
+
+    answers = [json.loads(body) for status, body in asyncio.run(three()) if status == 200]
+    assert len(answers) == 3
+    assert len({answer["thread"] for answer in answers}) == 1  # one thread, reused
+    assert not any(answer["open_at_start"] for answer in answers)
+    assert all(used.connection is None for used in threads_urls.OPENED)  # closed after each
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_ended_without_request_finished_leaves_no_connection(
+    request_started_skipped: None,
+) -> None:
+    """The response could not be sent (here: the server's send raises), so Django never
+    closed the response: its thread is not reused, and its connection is closed."""
+    threads_urls.OPENED.clear()
+    app = PooledASGIHandler(keep=4)
+
+    async def failing_send(message: dict[str, Any]) -> None:
+        raise OSError("the connection went away")
+
+    async def scenario() -> tuple[int, str]:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await queue.put({"type": "http.request", "body": b""})
+        with pytest.raises(OSError):
+            await app(scope("/database"), queue.get, failing_send)
+        assert app.threads.idle_count() == 0
+        return await get(app, "/database")
+
+    status, body = asyncio.run(scenario())
+    assert status == 200
+    assert not json.loads(body)["open_at_start"]
+    first = threads_urls.OPENED[0]
+    deadline = time.monotonic() + 20
+    while first.connection is not None and time.monotonic() < deadline:
+        time.sleep(0.05)  # closed on its own thread, after the handler returned
+    assert first.connection is None
+
+
+def test_request_started_is_kept_where_it_has_work(settings: Any) -> None:
+    settings.DEBUG = True  # queries are logged: reset_queries must run
+    assert not request_started_has_no_work()
+    settings.DEBUG = False
+    settings.SANDPIT_WEB_THREADS = 0  # a thread per request: nothing to skip either way
+    assert not request_started_has_no_work()
+    settings.SANDPIT_WEB_THREADS = 64
+    database = connections["default"].settings_dict
+    kept, database["CONN_MAX_AGE"] = database.get("CONN_MAX_AGE", 0), 60
+    try:  # persistent connections: close_old_connections ends those too old
+        assert not request_started_has_no_work()
+        assert not skip_request_started()
+    finally:
+        database["CONN_MAX_AGE"] = kept
+    assert request_started_has_no_work()

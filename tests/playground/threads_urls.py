@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from django.http import HttpRequest, HttpResponse
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 
 BARRIER = threading.Barrier(2, timeout=20)
@@ -30,8 +31,22 @@ def hold(request: HttpRequest) -> HttpResponse:
     return HttpResponse(str(threading.get_ident()))
 
 
+def database(request: HttpRequest) -> JsonResponse:
+    """Whether this thread held a database connection when the view began, then a query."""
+    wrapper = connections["default"]  # this thread's own (django.db.connection is a proxy)
+    open_at_start = wrapper.connection is not None
+    with wrapper.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    OPENED.append(wrapper)
+    return JsonResponse({"thread": threading.get_ident(), "open_at_start": open_at_start})
+
+
+OPENED: list = []
+"""The connection objects (one per thread) that `database` used, for the test to inspect."""
+
 urlpatterns = [
     path("meet", meet),
     path("ident", ident),
     path("hold", hold),
+    path("database", database),
 ]
