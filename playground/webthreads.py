@@ -53,12 +53,14 @@ class RequestThread(ThreadPoolExecutor):
         self._lock = threading.Lock()
         self._pending = 0
         self.finished = True
-        """Whether request_finished ran on it for its last request (set by the receiver
-        `note_request_finished`, on this thread; cleared when a request takes it)."""
+        """Whether request_finished ran on it after the last call handed to it (set by the
+        receiver `note_request_finished`, on this thread; cleared by each `submit`): a
+        thread whose request never reached it (aborted while its body arrived) stays so."""
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
             self._pending += 1
+        self.finished = False
         try:
             future = super().submit(fn, *args, **kwargs)
         except BaseException:
@@ -84,9 +86,7 @@ class RequestThreads:
         self._idle: list[RequestThread] = []
 
     def take(self) -> RequestThread:
-        thread = self._idle.pop() if self._idle else RequestThread()
-        thread.finished = False
-        return thread
+        return self._idle.pop() if self._idle else RequestThread()
 
     def give_back(self, thread: RequestThread) -> None:
         if thread.idle() and thread.finished and len(self._idle) < self.keep:

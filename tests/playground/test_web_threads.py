@@ -236,3 +236,25 @@ def test_request_started_is_kept_where_it_has_work(settings: Any) -> None:
     finally:
         database["CONN_MAX_AGE"] = kept
     assert request_started_has_no_work()
+
+
+def test_a_request_aborted_before_its_view_gives_its_thread_back() -> None:
+    """The client left while its body was arriving: nothing ran on the thread, so it is
+    kept as it was, without a hop to close connections it never opened."""
+    app = PooledASGIHandler(keep=4)
+    app.threads = CountingThreads(4)
+
+    async def scenario() -> None:
+        messages = iter([{"type": "http.disconnect"}])
+
+        async def receive() -> dict[str, Any]:
+            return next(messages)
+
+        async def send(message: dict[str, Any]) -> None:
+            raise AssertionError(f"nothing is sent to a client that left: {message}")
+
+        await app(scope("/ident"), receive, send)
+
+    asyncio.run(scenario())
+    assert app.threads.calls == 0
+    assert app.threads.idle_count() == 1
