@@ -258,3 +258,30 @@ def test_a_request_aborted_before_its_view_gives_its_thread_back() -> None:
     asyncio.run(scenario())
     assert app.threads.calls == 0
     assert app.threads.idle_count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_request_closes_its_connection_once_its_view_returns() -> None:
+    """Its thread exits instead of serving again; the connection the view opened must not
+    leave with it (a pooled connection never given back is a slot lost for good)."""
+    threads_urls.OPENED.clear()
+    for event in (threads_urls.RELEASE, threads_urls.ENTERED, threads_urls.LEFT):
+        event.clear()
+    app = PooledASGIHandler(keep=4)
+
+    async def scenario() -> None:
+        held = ApplicationCommunicator(app, scope("/hold-database"))
+        await held.send_input({"type": "http.request", "body": b""})
+        assert await asyncio.to_thread(threads_urls.ENTERED.wait, 20)
+        held.future.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held.future
+        assert threads_urls.OPENED[0].connection is not None  # the view still runs
+        threads_urls.RELEASE.set()
+
+    asyncio.run(scenario())
+    assert threads_urls.LEFT.wait(20)
+    deadline = time.monotonic() + 20
+    while threads_urls.OPENED[0].connection is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threads_urls.OPENED[0].connection is None

@@ -41,6 +41,12 @@ def database(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"thread": threading.get_ident(), "open_at_start": open_at_start})
 
 
+def hold_database(request: HttpRequest) -> HttpResponse:
+    """`database`, then `hold`: a view still holding its connection when cancelled."""
+    database(request)
+    return hold(request)
+
+
 OPENED: list = []
 """The connection objects (one per thread) that `database` used, for the test to inspect."""
 
@@ -49,4 +55,5 @@ urlpatterns = [
     path("ident", ident),
     path("hold", hold),
     path("database", database),
+    path("hold-database", hold_database),
 ]
