@@ -6,6 +6,14 @@ many at once, each beside its raw floor measured in the same run.
 
 Run:  .venv/bin/python bench/bench_burst.py [--provider local|docker] [--sequential 20]
       [--burst 100] [--bursts 1] [--warm-pool N] [--processes N] [--client lean|httpx]
+      [--compare-checkout DIR]
+--compare-checkout DIR also serves another checkout (e.g. `git worktree add /tmp/before
+<commit>`) with this interpreter, for before/after in one run: both servers run side by side
+(each with its own jail root and CPU cgroup; an idle one holds only its warm pool), the one
+after another rounds alternate between them sandbox by sandbox, and each burst is run on
+one and then the other (their order swapped from one burst to the next), every product
+burst right after a floor burst of its own. This machine's speed drifts between runs by
+more than most changes move a burst; within one run both sides see the same machine.
 --warm-pool sets SANDPIT_LOCAL_WARM_POOL (per web process; default: the server's default),
 and each measure then starts once the pools are full again; --processes runs that many web
 processes on the port (SANDPIT_WEB_PROCESSES); --bursts N repeats the burst, each after the
@@ -40,7 +48,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from contextlib import AsyncExitStack
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +56,7 @@ from typing import Any
 import httpx
 from _lean_http import LeanClient
 from _server import (
+    ROOT,
     bench_env,
     create_org_and_key,
     daphne,
@@ -167,46 +176,50 @@ and this process (the load generator)."""
 
 @dataclass
 class CpuMeter:
-    """CPU seconds of the server's cgroup (web processes and their jails), of the web
+    """CPU seconds of each server's cgroup (its web processes and their jails), of its web
     processes alone, and of this process's finished children (the floors)."""
 
-    server: Path | None = None
+    servers: dict[str, Path] = field(default_factory=dict)
     floors: Path | None = None
-    web_pids: list[int] = field(default_factory=list)
+    web_pids: dict[str, list[int]] = field(default_factory=dict)
     home: Path | None = None
     """The cgroup this process came from (it goes back there before removing the others)."""
+    base: Path | None = None
 
     @classmethod
-    def setup(cls) -> CpuMeter:
-        """Cgroups `bench-burst-<pid>/{server,floors}` below ours, or an inactive meter."""
+    def setup(cls, labels: list[str]) -> CpuMeter:
+        """Cgroups `bench-burst-<pid>/{server-N..., floors}` below ours (one per server, in
+        the order of `labels`), or an inactive meter."""
         own = _own_cgroup("cpuacct")
         if os.geteuid() != 0 or own is None or not os.path.isdir(_CPUACCT):
             return cls()
         base = Path(f"{_CPUACCT}{own.rstrip('/')}/bench-burst-{os.getpid()}")
+        servers = {label: base / f"server-{n}" for n, label in enumerate(labels)}
         try:
-            for name in ("server", "floors"):
-                (base / name).mkdir(parents=True, exist_ok=True)
+            for path in (*servers.values(), base / "floors"):
+                path.mkdir(parents=True, exist_ok=True)
         except OSError:
             return cls()
-        return cls(server=base / "server", floors=base / "floors", home=base.parent)
+        return cls(servers=servers, floors=base / "floors", home=base.parent, base=base)
 
     def enter(self, which: str) -> None:
-        """Move this process into `which` ("server" before starting it, then "floors")."""
-        path = self.server if which == "server" else self.floors
+        """Move this process into `which` (a server's label before starting it, then
+        "floors")."""
+        path = self.floors if which == "floors" else self.servers.get(which)
         if path is not None:
             (path / "cgroup.procs").write_text(str(os.getpid()))
 
-    def note_web_processes(self) -> None:
-        if self.server is not None:
+    def note_web_processes(self, label: str) -> None:
+        if label in self.servers:
             me = str(os.getpid())
-            procs = (self.server / "cgroup.procs").read_text().split()
-            self.web_pids = [int(p) for p in procs if p != me]
+            procs = (self.servers[label] / "cgroup.procs").read_text().split()
+            self.web_pids[label] = [int(p) for p in procs if p != me]
 
-    def sample(self) -> Sample | None:
-        if self.server is None:
+    def sample(self, label: str) -> Sample | None:
+        if label not in self.servers:
             return None
-        server = int((self.server / "cpuacct.usage").read_text()) / 1e9
-        web = sum(process_cpu_s(pid) for pid in self.web_pids)
+        server = int((self.servers[label] / "cpuacct.usage").read_text()) / 1e9
+        web = sum(process_cpu_s(pid) for pid in self.web_pids.get(label, []))
         # Not RUSAGE_CHILDREN: it misses work bwrap's namespaced children leave to the kernel.
         floors = int((self.floors / "cpuacct.usage").read_text()) / 1e9 if self.floors else 0.0
         own = resource.getrusage(resource.RUSAGE_SELF)
@@ -214,11 +227,11 @@ class CpuMeter:
         return server, web, floors - client, client
 
     def remove(self) -> None:
-        """Remove the cgroups, with the (empty) ones the server's provider made below."""
-        if self.server is None or self.home is None:
+        """Remove the cgroups, with the (empty) ones the servers' providers made below."""
+        if self.base is None or self.home is None:
             return
         (self.home / "cgroup.procs").write_text(str(os.getpid()))
-        for directory, _, _ in sorted(os.walk(self.server.parent), reverse=True):
+        for directory, _, _ in sorted(os.walk(self.base), reverse=True):
             try:
                 os.rmdir(directory)
             except OSError:
@@ -240,16 +253,18 @@ def cpu_row(
     floor: tuple[Sample | None, Sample | None],
     count: int,
     budget: float | None = None,
+    floors_count: int | None = None,
 ) -> tuple[str, ...] | None:
-    """CPU-ms per sandbox over the `product` window, and per raw spawn over `floor`'s;
-    `budget`: the most CPU-ms per sandbox the burst target leaves (burst_cpu_budget)."""
+    """CPU-ms per sandbox over the `product` window (`count` sandboxes), and per raw spawn
+    over `floor`'s (`floors_count` spawns, default `count`); `budget`: the most CPU-ms per
+    sandbox the burst target leaves (burst_cpu_budget)."""
     (p0, p1), (f0, f1) = product, floor
     if p0 is None or p1 is None or f0 is None or f1 is None:
         return None
     server = (p1[0] - p0[0]) * 1000 / count
     web = (p1[1] - p0[1]) * 1000 / count
-    spawn = (f1[2] - f0[2]) * 1000 / count
-    client = (p1[3] - p0[3]) * 1000 / count
+    spawn = (f1[2] - f0[2]) * 1000 / (floors_count or count)
+    client = (p1[3] - p0[3]) * 1000 / (floors_count or count)
     ratio = f"{server / spawn:.1f}x" if spawn > 0 else "-"
     within = "-" if budget is None else f"{budget:.1f}"
     return (
@@ -311,109 +326,137 @@ async def wait_settled(root: Path | None) -> None:
         await asyncio.sleep(0.2)
 
 
-async def measure(
-    port: int,
-    key: str,
-    args: argparse.Namespace,
-    meter: CpuMeter,
-    notes: list[str],
-    root: Path | None = None,
-) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
-    want = (args.warm_pool or 0) * args.processes
-    rows: list[tuple[str, ...]] = []
-    cpu_rows: list[tuple[str, ...]] = []
+@dataclass
+class Served:
+    """One server of the run and what was measured on it."""
+
+    label: str
+    code: Path
+    """The checkout it serves."""
+    jails: Path | None = None
+    """Its SANDPIT_LOCAL_ROOT (local provider), where its warm jails show when ready."""
+    port: int = 0
+    client: Any = None
+    created: list[str] = field(default_factory=list)
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+    cpu_rows: list[tuple[str, ...]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def open_client(port: int, key: str, args: argparse.Namespace) -> Any:
     headers = {"Authorization": f"Bearer {key}"}
-    async with AsyncExitStack() as stack:
-        client: Any
-        if args.client == "httpx":
-            client = await stack.enter_async_context(
-                httpx.AsyncClient(
-                    base_url=f"http://127.0.0.1:{port}",
-                    headers=headers,
-                    timeout=300,
-                    limits=httpx.Limits(
-                        max_connections=args.burst + 10, max_keepalive_connections=args.burst
-                    ),
-                )
-            )
-        else:
-            client = LeanClient(port, headers)
-            stack.push_async_callback(client.close)
-        created: list[str] = []
-        # Warm-up (imports, connection pools, the provider's first jail or container).
-        for _ in range(3):
-            await product_once(client, args.provider, created)
-            await floor_once(args.provider)
-        await destroy_all(client, created)
+    if args.client == "httpx":
+        return httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers=headers,
+            timeout=300,
+            limits=httpx.Limits(
+                max_connections=args.burst + 10, max_keepalive_connections=args.burst
+            ),
+        )
+    return LeanClient(port, headers)
 
-        # One after another, product and floor interleaved (CPU: the floors' first, then
-        # the product's, both over the whole phase).
-        await wait_warm(root, want)
-        product: list[float] = []
-        floor: list[float] = []
-        phases = Phases()
-        before = meter.sample()
-        for _ in range(args.sequential):
-            product.append(await product_once(client, args.provider, created, phases))
-            floor.append(await floor_once(args.provider))
-        after = meter.sample()
-        for _ in range(args.sequential):
-            phases.bare_request.append(await bare_request(client))
-        await destroy_all(client, created)
-        rows.append(("one after another", *_row(product, floor)))
-        notes.append(phases_line(phases, statistics.median(floor)))
-        # Interleaved: the floors' CPU is in their cgroup, the product's in the server's.
-        row = cpu_row("one after another", (before, after), (before, after), args.sequential)
-        if row is not None:
-            cpu_rows.append(row)
 
+async def close_client(client: Any) -> None:
+    await (client.aclose() if isinstance(client, httpx.AsyncClient) else client.close())
+
+
+async def all_ready(served: list[Served], want: int, settled: bool) -> None:
+    """Every server's warm pool full (and, with `settled`, no longer growing)."""
+    for one in served:
+        await wait_warm(one.jails, want)
+        if settled:
+            await wait_settled(one.jails)
+
+
+async def measure(
+    served: list[Served], key: str, args: argparse.Namespace, meter: CpuMeter
+) -> None:
+    want = (args.warm_pool or 0) * args.processes
+    for one in served:
+        one.client = open_client(one.port, key, args)
+    try:
+        for one in served:  # warm-up (imports, connection pools, the first jail or container)
+            for _ in range(3):
+                await product_once(one.client, args.provider, one.created)
+                await floor_once(args.provider)
+            await destroy_all(one.client, one.created)
+        await sequential(served, args, meter, want)
         for burst in range(1, args.bursts + 1 if args.burst > 0 else 1):  # --burst 0: none
-            await many_at_once(
-                client, args, meter, burst, root, want, rows, cpu_rows, notes, created
+            # Swapped every burst, so neither server always goes first.
+            order = served if burst % 2 else list(reversed(served))
+            for one in order:
+                await many_at_once(one, served, args, meter, burst, want)
+    finally:
+        for one in served:
+            await close_client(one.client)
+
+
+async def sequential(
+    served: list[Served], args: argparse.Namespace, meter: CpuMeter, want: int
+) -> None:
+    """One after another: product and floor interleaved, and the servers too (CPU: each
+    server's over the whole phase, in its own cgroup; the floors' likewise)."""
+    await all_ready(served, want, settled=False)
+    product: dict[str, list[float]] = {one.label: [] for one in served}
+    floor: list[float] = []
+    phases = {one.label: Phases() for one in served}
+    before = {one.label: meter.sample(one.label) for one in served}
+    for n in range(args.sequential):
+        for one in served if n % 2 == 0 else reversed(served):
+            product[one.label].append(
+                await product_once(one.client, args.provider, one.created, phases[one.label])
             )
-    return rows, cpu_rows
+            floor.append(await floor_once(args.provider))
+    after = {one.label: meter.sample(one.label) for one in served}
+    for one in served:
+        for _ in range(args.sequential):
+            phases[one.label].bare_request.append(await bare_request(one.client))
+        await destroy_all(one.client, one.created)
+        one.rows.append(("one after another", *_row(product[one.label], floor)))
+        one.notes.append(phases_line(phases[one.label], statistics.median(floor)))
+        window = (before[one.label], after[one.label])
+        # The floors' CPU is per spawn over all of them, whichever server they sat beside.
+        floors = (before[served[0].label], after[served[0].label])
+        row = cpu_row("one after another", window, floors, args.sequential, floors_count=len(floor))
+        if row is not None:
+            one.cpu_rows.append(row)
 
 
 async def many_at_once(
-    client: Any,
+    one: Served,
+    served: list[Served],
     args: argparse.Namespace,
     meter: CpuMeter,
     burst: int,
-    root: Path | None,
     want: int,
-    rows: list[tuple[str, ...]],
-    cpu_rows: list[tuple[str, ...]],
-    notes: list[str],
-    created: list[str],
 ) -> None:
-    """The floor burst, then the product burst (after the first, once the pools stopped
-    growing: the pool sizes itself to the bursts it saw, pool.py)."""
-    await wait_warm(root, want)
-    if burst > 1:
-        await wait_settled(root)
-    before = meter.sample()
+    """A floor burst, then `one`'s product burst (after the first, once every pool stopped
+    growing: a pool sizes itself to the bursts it saw, pool.py)."""
+    await all_ready(served, want, settled=burst > 1 or len(served) > 1)
+    before = meter.sample(one.label)
     floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
-    middle = meter.sample()
+    middle = meter.sample(one.label)
     phases = Phases()
     results = await asyncio.gather(
-        *(product_once(client, args.provider, created, phases) for _ in range(args.burst)),
+        *(product_once(one.client, args.provider, one.created, phases) for _ in range(args.burst)),
         return_exceptions=True,
     )
-    after = meter.sample()
+    after = meter.sample(one.label)
     errors = [r for r in results if isinstance(r, BaseException)]
     product = [r for r in results if isinstance(r, float)]
-    await destroy_all(client, created)
+    await destroy_all(one.client, one.created)
     name = f"{args.burst} at once{f' #{burst}' if args.bursts > 1 else ''}"
     name += f" ({len(errors)} errors)"
-    rows.append((name, *_row(product, floor)))
+    one.rows.append((name, *_row(product, floor)))
     budget = burst_cpu_budget(statistics.median(floor), args.burst)
     row = cpu_row(name, (middle, after), (before, middle), args.burst, budget)
     if row is not None:
-        cpu_rows.append(row)
+        one.cpu_rows.append(row)
     if phases.create:
-        notes.append(burst_phases_line(name, phases))
+        one.notes.append(burst_phases_line(name, phases))
     for error in errors[:3]:
-        print("error:", error)
+        print(f"error ({one.label}):", error)
 
 
 def _row(product: list[float], floor: list[float]) -> tuple[str, ...]:
@@ -439,71 +482,103 @@ def main() -> None:
         help="the load generator: a bare asyncio HTTP/1.1 client (bench/_lean_http.py), or "
         "httpx (about 1 ms of this machine's CPU per request, taken from the server's cores)",
     )
+    parser.add_argument(
+        "--compare-checkout",
+        type=Path,
+        default=None,
+        help="also serve this checkout, alternated with this one in the same run",
+    )
     args = parser.parse_args()
     extra = {
         "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
         "SANDPIT_DOCKER_IMAGE": IMAGE,
         "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
     }
-    root = None
-    if args.warm_pool is not None or args.bursts > 1:
-        # A jail root of its own, passable by jail uids, to see when the pools are full.
-        base = Path(tempfile.gettempdir()) / "sandpit-bench-jails"
-        base.mkdir(exist_ok=True)
-        os.chmod(base, 0o711)  # noqa: S103
-        root = Path(tempfile.mkdtemp(prefix="burst-", dir=base))
-        os.chmod(root, 0o711)  # noqa: S103
-        extra["SANDPIT_LOCAL_ROOT"] = str(root)
-        if args.warm_pool is not None:
-            extra["SANDPIT_LOCAL_WARM_POOL"] = str(args.warm_pool)
+    if args.warm_pool is not None:
+        extra["SANDPIT_LOCAL_WARM_POOL"] = str(args.warm_pool)
     env = bench_env(extra)
     ensure_database(env)
     key = create_org_and_key(env, slug="bench-burst")
-    meter = CpuMeter.setup() if args.provider == "local" else CpuMeter()
+    served = [Served("this checkout", ROOT)]
+    if args.compare_checkout is not None:
+        served.append(Served(f"checkout {args.compare_checkout}", args.compare_checkout.resolve()))
+    if args.warm_pool is not None or args.bursts > 1 or len(served) > 1:
+        # A jail root of its own per server, passable by jail uids, to see when its pool is full.
+        base = Path(tempfile.gettempdir()) / "sandpit-bench-jails"
+        base.mkdir(exist_ok=True)
+        os.chmod(base, 0o711)  # noqa: S103
+        for one in served:
+            one.jails = Path(tempfile.mkdtemp(prefix="burst-", dir=base))
+            os.chmod(one.jails, 0o711)  # noqa: S103
+    labels = [one.label for one in served]
+    meter = CpuMeter.setup(labels) if args.provider == "local" else CpuMeter()
     notes: list[str] = []
-    meter.enter("server")  # the server starts in it, and its jails nest below
     try:
-        with daphne(env, processes=args.processes) as port:
-            meter.note_web_processes()
+        with ExitStack() as stack:
+            for one in served:
+                meter.enter(one.label)  # the server starts in it, and its jails nest below
+                server_env = {**env, "SANDPIT_LOCAL_ROOT": str(one.jails)} if one.jails else env
+                one.port = stack.enter_context(
+                    daphne(server_env, processes=args.processes, root=one.code)
+                )
+                meter.note_web_processes(one.label)
             meter.enter("floors")
             if args.provider == "local":
                 detached = floors_apart()
                 notes.append(
-                    "floors: raw spawns in a mount namespace without the server's sandbox "
+                    "floors: raw spawns in a mount namespace without the servers' sandbox "
                     f"volumes ({detached} detached at the start; later ones never reach it)"
                     if detached >= 0
-                    else "floors: raw spawns beside the server's sandbox volumes (not root)"
+                    else "floors: raw spawns beside the servers' sandbox volumes (not root)"
                 )
-            rows, cpu_rows = asyncio.run(measure(port, key, args, meter, notes, root))
+            asyncio.run(measure(served, key, args, meter))
     finally:
         meter.remove()
-        if root is not None:  # the server destroyed its jails; their directories may stay
-            shutil.rmtree(root, ignore_errors=True)
+        for one in served:  # the servers destroyed their jails; the directories may stay
+            if one.jails is not None:
+                shutil.rmtree(one.jails, ignore_errors=True)
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
     pool = "server default" if args.warm_pool is None else str(args.warm_pool)
     print(
         f"\n{args.provider}: create -> first `node -v` (ms), floor = raw `{floor_name}`; "
         f"warm pool {pool} per process, {args.processes} web process(es)"
     )
+    compared = len(served) > 1
     header = ("measure", "p50", "p95", "floor p50", "floor p95", "p50 ratio")
-    print(" | ".join(header))
-    for row in rows:
-        print(" | ".join(row))
+    print(" | ".join((("server",) if compared else ()) + header))
+    for row in _by_measure(served, "rows"):
+        print(" | ".join(row if compared else row[1:]))
     for note in notes:
         print(note)
+    for one in served:
+        for note in one.notes:
+            print(f"{one.label}: {note}" if compared else note)
+    cpu_rows = _by_measure(served, "cpu_rows")
     if cpu_rows:
         print(
             "\nCPU-ms per sandbox (create + first command; the warm pool's refills and the "
             "jails' start-up included as they happen in the window), beside one raw spawn"
         )
         print(
-            "measure | all | web processes | jails etc. | floor | ratio | "
+            ("server | " if compared else "")
+            + "measure | all | web processes | jails etc. | floor | ratio | "
             "at most, for the 2x target (burst_cpu_budget) | the load generator (not in all)"
         )
         for row in cpu_rows:
-            print(" | ".join(row))
+            print(" | ".join(row if compared else row[1:]))
     hosted = ", ".join(f"{name} {ms} ms" for name, ms in HOSTED_BURST_MEDIANS_MS.items())
     print(f"\nFor context only (published, hosted, over the internet): burst medians {hosted}")
+
+
+def _by_measure(served: list[Served], which: str) -> list[tuple[str, ...]]:
+    """Each server's rows of `which`, the servers' rows of one measure side by side."""
+    per_server = [getattr(one, which) for one in served]
+    rows = []
+    for n in range(max((len(r) for r in per_server), default=0)):
+        for one, own in zip(served, per_server, strict=True):
+            if n < len(own):
+                rows.append((one.label, *own[n]))
+    return rows
 
 
 if __name__ == "__main__":
