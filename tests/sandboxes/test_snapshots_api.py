@@ -50,6 +50,16 @@ def _write(api: Any, sandbox_id: str, path: str, data: bytes) -> None:
     assert response.status_code < 300, response.content
 
 
+def _count(provider: Any, sandbox_id: str) -> int:
+    """COUNTER's last number, read host-side (needs no process of the sandbox); 0 before
+    the counter first wrote it."""
+    try:
+        text = provider.read_file(sandbox_id, "/tmp/count").strip()
+    except FileNotFound:
+        return 0
+    return int(text) if text else 0
+
+
 def _read(api: Any, sandbox_id: str, path: str) -> bytes:
     response = api.get(f"/api/v1/sandboxes/{sandbox_id}/files/content?path={path}")
     assert response.status_code == 200, response.content
@@ -110,12 +120,8 @@ def test_pause_freezes_and_resume_continues(api_a, sandbox_a, local_sandboxes): 
         == 202
     )
 
-    def count() -> int:  # host-side: needs no process of the sandbox
-        try:
-            text = local_sandboxes.read_file(sid, "/tmp/count").strip()
-        except FileNotFound:  # the counter has not started yet
-            return 0
-        return int(text) if text else 0
+    def count() -> int:
+        return _count(local_sandboxes, sid)
 
     wait_for(lambda: count() > 3)
     paused = _post(api_a, f"/api/v1/sandboxes/{sid}/pause")
@@ -153,6 +159,8 @@ def test_paused_counts_toward_the_cap_archived_does_not_and_resume_restores(  # 
         ).status_code
         == 202
     )
+    # Paused only once the counter wrote its file: the archive must hold it.
+    wait_for(lambda: _count(local_sandboxes, sid) > 0)
     assert _post(api_a, f"/api/v1/sandboxes/{sid}/pause").status_code == 200
     assert_error(_post(api_a, "/api/v1/sandboxes"), 429, "sandbox_limit_reached")
 
