@@ -56,6 +56,19 @@ async def get(app: PooledASGIHandler, path: str) -> tuple[int, str]:
     return start["status"], body["body"].decode()
 
 
+async def cancel_inside_the_view(app: PooledASGIHandler, path: str) -> None:
+    """Request `path` (a view that blocks on threads_urls.RELEASE) and cancel the
+    application once the view is running, as daphne does when the client is gone."""
+    for event in (threads_urls.RELEASE, threads_urls.ENTERED, threads_urls.LEFT):
+        event.clear()
+    held = ApplicationCommunicator(app, scope(path))
+    await held.send_input({"type": "http.request", "body": b""})
+    assert await asyncio.to_thread(threads_urls.ENTERED.wait, 20)
+    held.future.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held.future
+
+
 def test_two_slow_requests_run_at_the_same_time() -> None:
     """Each view waits at a two-party barrier: both return only if they ran at once."""
     threads_urls.BARRIER.reset()
@@ -97,17 +110,10 @@ def test_a_thread_still_busy_after_its_request_was_cancelled_is_not_reused() -> 
     """daphne cancels an application that outlives its client by the close timeout; the
     view's thread still runs it. The next request must be served meanwhile (on another
     thread), not queued behind the abandoned view."""
-    for event in (threads_urls.RELEASE, threads_urls.ENTERED, threads_urls.LEFT):
-        event.clear()
     app = PooledASGIHandler(keep=4)
 
     async def scenario() -> tuple[int, str]:
-        held = ApplicationCommunicator(app, scope("/hold"))
-        await held.send_input({"type": "http.request", "body": b""})
-        assert await asyncio.to_thread(threads_urls.ENTERED.wait, 20)
-        held.future.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await held.future
+        await cancel_inside_the_view(app, "/hold")
         assert app.threads.idle_count() == 0  # its thread is still busy: not kept
         try:
             answer = await get(app, "/ident")
@@ -262,19 +268,12 @@ def test_a_request_aborted_before_its_view_gives_its_thread_back() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_cancelled_request_closes_its_connection_once_its_view_returns() -> None:
     """Its thread exits instead of serving again; the connection the view opened must not
-    leave with it (a pooled connection never given back is a slot lost for good)."""
+    stay open behind it (it was never given back to the pool)."""
     threads_urls.OPENED.clear()
-    for event in (threads_urls.RELEASE, threads_urls.ENTERED, threads_urls.LEFT):
-        event.clear()
     app = PooledASGIHandler(keep=4)
 
     async def scenario() -> None:
-        held = ApplicationCommunicator(app, scope("/hold-database"))
-        await held.send_input({"type": "http.request", "body": b""})
-        assert await asyncio.to_thread(threads_urls.ENTERED.wait, 20)
-        held.future.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await held.future
+        await cancel_inside_the_view(app, "/hold-database")
         assert threads_urls.OPENED[0].connection is not None  # the view still runs
         threads_urls.RELEASE.set()
 
