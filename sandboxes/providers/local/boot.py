@@ -218,6 +218,7 @@ class JailBoot:
                 sdir / "vol" if self._disk_quota else None,
                 None if host_uid == os.geteuid() else host_uid,
                 [bwrap, *argv[1:]],
+                jail.bind_sources(argv[1:]),
             )
         else:
             argv, run_as = _run_as(argv, host_uid)

@@ -520,6 +520,50 @@ def bwrap_argv(
     return args
 
 
+_FLAG_ARGS = {
+    **dict.fromkeys(("--ro-bind", "--bind", "--dev-bind", "--symlink", "--setenv"), 2),
+    **dict.fromkeys(
+        (
+            "--uid",
+            "--gid",
+            "--cap-drop",
+            "--hostname",
+            "--proc",
+            "--dev",
+            "--tmpfs",
+            "--remount-ro",
+            "--chdir",
+            "--info-fd",
+            "--block-fd",
+        ),
+        1,
+    ),
+    **dict.fromkeys(
+        ("--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--new-session"),
+        0,
+    ),
+    "--clearenv": 0,
+}
+"""How many values each bwrap option bwrap_argv writes takes."""
+_BIND_OPTIONS = ("--ro-bind", "--bind", "--dev-bind")
+
+
+def bind_sources(argv: list[str]) -> list[str]:
+    """The host paths a jail's bwrap command line (bwrap_argv's, from its options on) binds
+    from. Raises ValueError at an option it does not know, so that a new kind of mount in
+    bwrap_argv cannot go unlisted (the launcher keeps only the mounts these need)."""
+    sources = []
+    at = 0
+    while at < len(argv) and argv[at].startswith("--"):
+        option = argv[at]
+        if option not in _FLAG_ARGS:
+            raise ValueError(f"bind_sources does not know bwrap's {option}")
+        if option in _BIND_OPTIONS:
+            sources.append(argv[at + 1])
+        at += 1 + _FLAG_ARGS[option]
+    return sources
+
+
 def base_env(extra: dict[str, str]) -> dict[str, str]:
     env = {
         "PATH": JAIL_PATH,
