@@ -78,12 +78,16 @@ def daphne(
     app: str = "playground.asgi:application",
     processes: int = 1,
     root: Path = ROOT,
+    mounts_apart: bool = False,
 ):
     """A server on a free port, started by the product's launcher (playground/webserver.py).
     `app` may name a module under bench/ (e.g. the bench's own `_bench_asgi:application`,
     which adds a bare endpoint to the product's). With `processes` > 1, the launcher runs
     that many on the port (playground/webprocs.py). `root` serves another checkout of the project (e.g. a git
-    worktree of an earlier commit) with this interpreter, for before/after in one run."""
+    worktree of an earlier commit) with this interpreter, for before/after in one run.
+    `mounts_apart` (as root): the server in a private mount namespace of its own (util-linux
+    `unshare`, which execs it), so that two servers side by side do not see each other's
+    sandbox volumes, as two hosts would not."""
     port = free_port()
     env = {
         **env,
@@ -95,6 +99,8 @@ def daphne(
     # The product's launcher (make run's): daphne with its body ceiling, uvloop and the
     # warm pools started before the first request.
     server = [PY, "-m", "playground.webserver", "--processes", str(processes)]
+    if mounts_apart and os.geteuid() == 0:
+        server = ["unshare", "--mount", "--propagation", "private", *server]
     proc = subprocess.Popen(
         [
             *server,

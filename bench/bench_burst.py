@@ -9,7 +9,8 @@ Run:  .venv/bin/python bench/bench_burst.py [--provider local|docker] [--sequent
       [--compare-checkout DIR]
 --compare-checkout DIR also serves another checkout (e.g. `git worktree add /tmp/before
 <commit>`) with this interpreter, for before/after in one run: both servers run side by side
-(each with its own jail root and CPU cgroup; an idle one holds only its warm pool), the one
+(each with its own jail root, CPU cgroup and, as root, mount namespace, so that neither's
+jails see the other's sandbox volumes; an idle one holds only its warm pool), the one
 after another rounds alternate between them sandbox by sandbox, and each burst is run on
 one and then the other (their order swapped from one burst to the next), every product
 burst right after a floor burst of its own. This machine's speed drifts between runs by
@@ -519,7 +520,12 @@ def main() -> None:
                 meter.enter(one.label)  # the server starts in it, and its jails nest below
                 server_env = {**env, "SANDPIT_LOCAL_ROOT": str(one.jails)} if one.jails else env
                 one.port = stack.enter_context(
-                    daphne(server_env, processes=args.processes, root=one.code)
+                    daphne(
+                        server_env,
+                        processes=args.processes,
+                        root=one.code,
+                        mounts_apart=len(served) > 1,
+                    )
                 )
                 meter.note_web_processes(one.label)
             meter.enter("floors")
