@@ -31,7 +31,13 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 from sandboxes.providers.local import LocalProvider, jail
-from sandboxes.providers.local.pool import PREFIX, REFILL_QUIET_S, WarmJail, WarmPool
+from sandboxes.providers.local.pool import (
+    BURST_HOLD_S,
+    PREFIX,
+    REFILL_QUIET_S,
+    WarmJail,
+    WarmPool,
+)
 from tests.requirements import jail_root, missing_part
 from tests.sandboxes.snippets import run_code
 
@@ -510,6 +516,83 @@ def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-
         assert spawned[4] - claimed_at < REFILL_QUIET_S
     finally:
         pool.close()
+
+
+def test_refill_holds_while_creates_arrive_together():  # type: ignore[no-untyped-def]
+    spawn = StandInSpawner()
+    spawned = spawn.started_at
+    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    try:
+        assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
+        assert pool.wait_full(10)
+        with pool.creating(), pool.creating():  # two creates in progress at once
+            for _ in range(3):  # one of four left: below half, which alone refills at once
+                assert pool.claim(lambda warm: warm) is not None
+            assert not pool.wait_full(0.5)
+            assert len(spawned) == 4
+            with pool.creating():  # a third arrives and leaves: still together
+                pass
+            first_left_at = time.monotonic()
+        assert pool.wait_full(10)
+        assert len(spawned) == 7
+        # Not before the hold after the last moment two were in progress at once.
+        assert spawned[4] - first_left_at >= BURST_HOLD_S
+    finally:
+        pool.close()
+
+
+def test_one_create_at_a_time_does_not_hold_the_refill():  # type: ignore[no-untyped-def]
+    # One after another is never a burst: the pool refills while the create is in progress.
+    spawn = StandInSpawner()
+    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    try:
+        assert pool.claim(lambda warm: warm) is None
+        assert pool.wait_full(10)
+        for _ in range(3):
+            with pool.creating():
+                assert pool.claim(lambda warm: warm) is not None
+                assert pool.wait_full(10)
+        assert len(spawn.started_at) == 7
+    finally:
+        pool.close()
+
+
+def test_concurrent_creates_hold_the_providers_refill(warm_provider, monkeypatch):  # type: ignore[no-untyped-def]
+    # Both claims are held in the middle of adopting their jail, so both creates are in
+    # progress at once and the pool is empty: it refills only once they are done.
+    assert warm_provider._pool.wait_full(30)
+    release = threading.Event()
+    set_limits = jail.cgroups_set_limits
+
+    def held(paths: dict[str, str], res: Resources) -> bool:
+        if threading.current_thread() in threads:  # not the refill's own starts
+            assert release.wait(30)
+        return set_limits(paths, res)
+
+    monkeypatch.setattr(jail, "cgroups_set_limits", held)
+    made: list[str] = []
+
+    def create() -> None:
+        made.append(warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id)
+
+    threads = [threading.Thread(target=create) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        _wait(lambda: warm_provider._pool.idle_count() == 0)  # both claimed theirs
+        assert not warm_provider._pool.wait_full(1.0)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+        monkeypatch.undo()
+    try:
+        assert len(made) == 2
+        assert all(_was_warm(warm_provider, sid) for sid in made)
+        assert warm_provider._pool.wait_full(30)
+    finally:
+        for sid in made:
+            warm_provider.destroy(sid)
 
 
 def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]

@@ -210,6 +210,10 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             sdir.mkdir(mode=0o700)
         except FileExistsError:
             raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
+        with self._pool.creating() if self._pool is not None else contextlib.nullcontext():
+            return self._claim_or_start(spec, sdir, env)
+
+    def _claim_or_start(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
         # Warm jails run on the host's /usr: a template's root needs a jail of its own.
         if (
             self._pool is not None
