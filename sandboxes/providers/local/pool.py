@@ -18,9 +18,10 @@ child starts with an empty pool of its own: the parent's jails stay the parent's
 
 `workers` daemon threads per pool refill it (default: one per core, at most `size`), each
 one jail at a time, after a quiet moment (`REFILL_QUIET_S`) unless the pool is below half
-its target, and not while creates arrive together (`BURST_HOLD_S`). Warm jails start in a background cgroup (idle CPU priority), so a refill running
-beside a burst of creates takes the cores only when the creates leave them idle; one worker alone took
-about 10 s to refill 100 jails here, so a second burst would have started cold.
+its target, and not while creates arrive together (`BURST_HOLD_S`). Warm jails start in a
+background cgroup (idle CPU priority), so a refill takes the cores only when the creates
+leave them idle; one worker alone took about 10 s to refill 100 jails here, so a second
+burst would have started cold.
 
 Bursts: `size` is the pool's floor; after a burst of creates that found it empty the pool
 refills, in the background and at idle priority, towards the burst's size, at most
