@@ -210,20 +210,21 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             sdir.mkdir(mode=0o700)
         except FileExistsError:
             raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
-        with self._pool.creating() if self._pool is not None else contextlib.nullcontext():
-            return self._claim_or_start(spec, sdir, env)
-
-    def _claim_or_start(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
-        # Warm jails run on the host's /usr: a template's root needs a jail of its own.
+        # Warm jails run on the host's /usr: a template's root needs a jail of its own. Only
+        # the creates a warm jail could serve tell the pool of a burst: a restore or a
+        # template's jail may take seconds, and a stream of creates beside it should refill.
         if (
             self._pool is not None
             and not spec.network
             and not spec.rootfs
             and not spec.restore_from
         ):
-            handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
-            if handle is not None:
-                return handle
+            with self._pool.creating():
+                handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
+                return handle if handle is not None else self._start_cold(spec, sdir, env)
+        return self._start_cold(spec, sdir, env)
+
+    def _start_cold(self, spec: SandboxSpec, sdir: Path, env: dict[str, str]) -> SandboxHandle:
         try:
             with self._cold_starts:
                 return self._start(spec, sdir, env)
