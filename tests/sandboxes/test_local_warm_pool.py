@@ -596,43 +596,49 @@ def test_concurrent_creates_hold_the_providers_refill(warm_provider, monkeypatch
             warm_provider.destroy(sid)
 
 
-def test_a_create_no_warm_jail_could_serve_does_not_hold_the_refill(warm_provider, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_create_no_warm_jail_could_serve_does_not_hold_the_refill(monkeypatch):  # type: ignore[no-untyped-def]
     # A networked create (cold by design) held in the middle of its start, with creates one
     # after another beside it: they refill the pool as a stream does, however long it takes.
-    if Capability.NETWORK not in warm_provider.capabilities:
-        missing_part("network=True needs slirp4netns and nftables")
-    assert warm_provider._pool.wait_full(30)
-    monkeypatch.setattr(warm_pool, "BURST_HOLD_S", 60.0)  # a hold would outlast the test
-    started, release = threading.Event(), threading.Event()
-    cgroups_create = jail.cgroups_create
+    # A provider of its own: no earlier test's creates count towards its pool's hold.
+    provider = LocalProvider(root_dir=jail_root("warm-beside-network"), warm_pool=2)
     made: list[str] = []
-
-    def held(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if threading.current_thread() is slow:
-            started.set()
-            assert release.wait(30)
-        return cgroups_create(*args, **kwargs)
-
-    def networked() -> None:
-        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True)
-        made.append(warm_provider.create(spec).provider_id)
-
-    monkeypatch.setattr(jail, "cgroups_create", held)
-    slow = threading.Thread(target=networked)
-    slow.start()
     try:
-        assert started.wait(30)
-        for _ in range(2):  # empties the pool of 2
-            made.append(warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id)
-        assert warm_provider._pool.wait_full(20)
-        assert slow.is_alive()  # still in progress all along
+        if Capability.NETWORK not in provider.capabilities:
+            missing_part("network=True needs slirp4netns and nftables")
+        provider.warm_pool_start()
+        assert provider._pool.wait_full(30)
+        monkeypatch.setattr(warm_pool, "BURST_HOLD_S", 60.0)  # a hold would outlast the test
+        started, release = threading.Event(), threading.Event()
+        cgroups_create = jail.cgroups_create
+
+        def held(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if threading.current_thread() is slow:
+                started.set()
+                assert release.wait(30)
+            return cgroups_create(*args, **kwargs)
+
+        def networked() -> None:
+            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True)
+            made.append(provider.create(spec).provider_id)
+
+        monkeypatch.setattr(jail, "cgroups_create", held)
+        slow = threading.Thread(target=networked)
+        slow.start()
+        try:
+            assert started.wait(30)
+            for _ in range(2):  # empties the pool of 2
+                made.append(provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id)
+            assert provider._pool.wait_full(20)
+            assert slow.is_alive()  # still in progress all along
+        finally:
+            release.set()
+            slow.join(30)
+            monkeypatch.undo()
+        assert len(made) == 3
     finally:
-        release.set()
-        slow.join(30)
-        monkeypatch.undo()
         for sid in made:
-            warm_provider.destroy(sid)
-    assert len(made) == 3
+            provider.destroy(sid)
+        provider.close()
 
 
 def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: ignore[no-untyped-def]

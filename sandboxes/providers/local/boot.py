@@ -266,10 +266,8 @@ class JailBoot:
                 ) from None
             ticks = jail.start_ticks(jail_pid) or 0
             firewall = None
-            if spec.network:  # set up while the agent starts
-                slirp, slirp_ready, firewall = self._start_network(sdir, jail_pid, cgroups)
             created = time.time()
-            jail.JailState(
+            state = jail.JailState(
                 sandbox_id=spec.sandbox_id,
                 created_at=created,
                 bwrap_pid=proc.pid,
@@ -280,16 +278,25 @@ class JailBoot:
                 timeout_s=spec.timeout_s,
                 labels=dict(spec.labels),
                 resources=dict(res.__dict__),
-                slirp_pid=slirp.pid if slirp else 0,
-                slirp_start_ticks=(jail.start_ticks(slirp.pid) or 0) if slirp else 0,
                 pool_owner_pid=os.getpid() if warm else 0,
                 pool_owner_ticks=(jail.start_ticks(os.getpid()) or 0) if warm else 0,
                 host_uid=host_uid,
                 etc_dir=str(etc_dir or ""),
-            ).save(sdir / "state.json")
+            )
+            state.save(sdir / "state.json")
             deadline = time.monotonic() + CREATE_TIMEOUT_S
             if not _read_ready(ready_r, deadline):
                 raise ProviderUnavailable(f"the sandbox did not start: {_tail(sdir / 'jail.log')}")
+            if spec.network:
+                # Only once the agent runs, i.e. bwrap has set the jail's loopback up:
+                # slirp4netns --configure brings it up too, and started beside bwrap's
+                # set-up either could find 127.0.0.1 there already and fail (bwrap then
+                # ends the jail: "loopback: Failed RTM_NEWADDR"). No user code runs in the
+                # jail before create returns, so the firewall is still in place first.
+                slirp, slirp_ready, firewall = self._start_network(sdir, jail_pid, cgroups)
+                state.slirp_pid = slirp.pid
+                state.slirp_start_ticks = jail.start_ticks(slirp.pid) or 0
+                state.save(sdir / "state.json")
             if slirp_ready is not None and not _read_ready(slirp_ready, deadline):
                 raise ProviderUnavailable(f"slirp4netns did not start: {_tail(sdir / 'jail.log')}")
             if firewall is not None and _wait_proc(firewall, deadline) != 0:
