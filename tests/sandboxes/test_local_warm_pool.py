@@ -495,14 +495,21 @@ def test_refill_waits_for_a_quiet_moment_unless_the_pool_is_empty():  # type: ig
         pool.close()
 
 
+def full_stand_in_pool() -> tuple[WarmPool, list[float]]:
+    """A pool of four stand-in jails with one refill worker, filled; and when each of its
+    spawns began."""
+    spawn = StandInSpawner()
+    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
+    assert pool.wait_full(10)
+    assert len(spawn.started_at) == 4
+    return pool, spawn.started_at
+
+
 def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-untyped-def]
     # A steady stream of creates is never quiet: waiting for quiet would drain the pool.
-    spawn = StandInSpawner()
-    spawned = spawn.started_at
-    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    pool, spawned = full_stand_in_pool()
     try:
-        assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
-        assert pool.wait_full(10)
         assert len(spawned) == 4
         # Two claims leave half the target idle: the refill still waits for quiet.
         assert pool.claim(lambda warm: warm) is not None
@@ -520,12 +527,8 @@ def test_refill_does_not_wait_once_the_pool_is_below_half():  # type: ignore[no-
 
 
 def test_refill_holds_while_creates_arrive_together():  # type: ignore[no-untyped-def]
-    spawn = StandInSpawner()
-    spawned = spawn.started_at
-    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    pool, spawned = full_stand_in_pool()
     try:
-        assert pool.claim(lambda warm: warm) is None  # empty: wakes the refill
-        assert pool.wait_full(10)
         with pool.creating(), pool.creating():  # two creates in progress at once
             for _ in range(3):  # one of four left: below half, which alone refills at once
                 assert pool.claim(lambda warm: warm) is not None
@@ -544,16 +547,13 @@ def test_refill_holds_while_creates_arrive_together():  # type: ignore[no-untype
 
 def test_one_create_at_a_time_does_not_hold_the_refill():  # type: ignore[no-untyped-def]
     # One after another is never a burst: the pool refills while the create is in progress.
-    spawn = StandInSpawner()
-    pool = WarmPool(4, spawn, destroy=lambda jail_id: None, workers=1)
+    pool, spawned = full_stand_in_pool()
     try:
-        assert pool.claim(lambda warm: warm) is None
-        assert pool.wait_full(10)
         for _ in range(3):
             with pool.creating():
                 assert pool.claim(lambda warm: warm) is not None
                 assert pool.wait_full(10)
-        assert len(spawn.started_at) == 7
+        assert len(spawned) == 7
     finally:
         pool.close()
 
