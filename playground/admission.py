@@ -4,8 +4,13 @@ Each request runs on a thread of its own (playground/webthreads.py), and a burst
 creates arrives at once: all 100 ran side by side, each getting a hundredth of the
 process's Python, so all of them finished near the end of the burst, and the commands
 that follow each create queued behind the creates still in progress. Admitted a few at a
-time, in order, the early ones finish early, and their follow-up requests (which are not
-held here) run beside the next creates: half of a burst is done in about half its time.
+time, in order, the early ones finish early: half of a burst is done in about half its time.
+
+A request on a sandbox already made (the command that follows a create) takes a place too,
+at once and ahead of every waiting create, for at most ``FOLLOW_UP_HOLD_S``: work nearly
+done finishes before more starts. Let through beside the next creates instead, a burst's
+first commands took two to three times as long (their threads and their jails shared the
+cores with those creates). At most all places but one are taken so: creates always move.
 
 A create that keeps its place longer than ``HOLD_LIMIT_S`` is waiting on something else
 (a template's own jail, a snapshot restore, the docker engine), not using this process:
@@ -29,16 +34,23 @@ from collections import OrderedDict, deque
 from typing import Any
 
 HOLD_LIMIT_S = 1.0
+FOLLOW_UP_HOLD_S = 0.2
+"""The longest a request on an existing sandbox keeps a create waiting: a burst's first
+command (`node -v`) took 50-130 ms; a longer one is waiting on its program, not this process."""
 
 CREATE_PATHS = frozenset({"/api/v1/sandboxes", "/e2b/sandboxes", "/e2b/v2/sandboxes"})
 """Sandpit's create and the E2B-compatible API's (sandboxes/urls.py, e2bcompat/urls.py)."""
+
+FOLLOW_UP_PREFIXES = tuple(sorted(f"{path}/" for path in CREATE_PATHS))
+"""Requests on one sandbox: its commands, files, processes (below a create route)."""
 
 
 class FairGate:
     """At most `places` holders at once. Waiters line up per caller (`enter(line)`), each
     line first come, first served, the lines served in turn; a newcomer never overtakes a
     woken waiter (asyncio's Semaphore lets it). A place is given up by `leave`, or by the
-    holder staying longer than `hold_limit_s`, whichever comes first."""
+    holder staying longer than `hold_limit_s`, whichever comes first. `enter_ahead` takes
+    a place at once, ahead of every waiter, even when all are taken."""
 
     def __init__(self, places: int, hold_limit_s: float = HOLD_LIMIT_S) -> None:
         if places < 1:
@@ -46,6 +58,8 @@ class FairGate:
         self.places = places
         self.hold_limit_s = hold_limit_s
         self.taken = 0
+        self.ahead = 0
+        """Places taken by enter_ahead (counted in `taken` too)."""
         self._lines: dict[str, deque[asyncio.Future[None]]] = {}
         """Callers with someone waiting, in the order they are served (dicts keep it)."""
 
@@ -66,11 +80,23 @@ class FairGate:
                 raise
         return asyncio.get_running_loop().call_later(self.hold_limit_s, self._free)
 
-    def leave(self, held: asyncio.TimerHandle) -> None:
+    def enter_ahead(self, hold_s: float) -> asyncio.TimerHandle | None:
+        """Take a place now, without waiting, for at most `hold_s`; None when `places - 1`
+        are taken so already (the one left is for `enter`'s waiters: they always move).
+        Give it back with `leave(held, ahead=True)`."""
+        if self.ahead >= self.places - 1:
+            return None
+        self.ahead += 1
+        self.taken += 1
+        return asyncio.get_running_loop().call_later(hold_s, self._free, True)
+
+    def leave(self, held: asyncio.TimerHandle | None, *, ahead: bool = False) -> None:
         """Give the place back, unless the hold limit already did."""
+        if held is None:
+            return
         if not held.cancelled() and held.when() > asyncio.get_running_loop().time():
             held.cancel()
-            self._free()
+            self._free(ahead)
 
     def _drop(self, line: str, waiter: asyncio.Future[None]) -> None:
         waiting = self._lines.get(line)
@@ -79,7 +105,12 @@ class FairGate:
             if not waiting:
                 del self._lines[line]
 
-    def _free(self) -> None:
+    def _free(self, ahead: bool = False) -> None:
+        if ahead:
+            self.ahead -= 1
+        if self.taken > self.places:  # taken ahead past the gate's places: none is free yet
+            self.taken -= 1
+            return
         while self._lines:
             line = next(iter(self._lines))
             waiting = self._lines.pop(line)
@@ -146,8 +177,9 @@ class ProvenCallers:
 
 
 class CreateAdmission:
-    """ASGI middleware: sandbox creates pass `gate` (per caller, in turn); all else straight
-    through. One gate per web process (each has its own event loop and Python)."""
+    """ASGI middleware: sandbox creates pass `gate` (per caller, in turn), requests on one
+    sandbox take a place ahead of them, all else goes straight through. One gate per web
+    process (each has its own event loop and Python)."""
 
     def __init__(self, app: Any, places: int) -> None:
         self.app = app
@@ -156,18 +188,26 @@ class CreateAdmission:
         self.proven = ProvenCallers()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if (
-            self.places < 1
-            or scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["path"] not in CREATE_PATHS
-        ):
+        if self.places < 1 or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.gate is None:
             self.gate = FairGate(self.places)
+        gate = self.gate
+        if scope["method"] == "POST" and scope["path"] in CREATE_PATHS:
+            await self._create(gate, scope, receive, send)
+        elif scope["path"].startswith(FOLLOW_UP_PREFIXES):
+            ahead = gate.enter_ahead(FOLLOW_UP_HOLD_S)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                gate.leave(ahead, ahead=True)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _create(self, gate: FairGate, scope: dict[str, Any], receive: Any, send: Any) -> None:
         digest = self.proven.digest(caller_credential(scope))
-        held = await self.gate.enter(self.proven.line(digest))
+        held = await gate.enter(self.proven.line(digest))
         status: int | None = None
 
         async def send_noting_status(message: dict[str, Any]) -> None:
@@ -179,5 +219,5 @@ class CreateAdmission:
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            self.gate.leave(held)
+            gate.leave(held)
             self.proven.answered(digest, status)

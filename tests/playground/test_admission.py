@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,205 @@ def test_only_creates_queue_other_requests_pass_a_full_gate() -> None:
         "POST /api/v1/sandboxes/abc/commands",
         "GET /api/v1/sandboxes",
     ]
+
+
+class Held:
+    """An ASGI app holding each request until its own path is released; notes who is in."""
+
+    def __init__(self) -> None:
+        self.inside: list[str] = []
+        self.done: list[str] = []
+        self.releases: dict[str, asyncio.Event] = {}
+
+    def release(self, path: str) -> None:
+        self.releases.setdefault(path, asyncio.Event()).set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.inside.append(scope["path"])
+        await self.releases.setdefault(scope["path"], asyncio.Event()).wait()
+        self.done.append(scope["path"])
+
+
+def request(admission: CreateAdmission, method: str, path: str) -> asyncio.Task[None]:
+    return asyncio.create_task(admission(http_scope(method, path), None, None))
+
+
+async def on_a_sandbox_then_two_creates(
+    admission: CreateAdmission, method: str, path: str, second_create: str
+) -> tuple[asyncio.Task[None], ...]:
+    """A request on a sandbox, then two creates, each arriving after the one before."""
+    tasks = []
+    for method_, path_ in ((method, path), ("POST", "/api/v1/sandboxes"), ("POST", second_create)):
+        tasks.append(request(admission, method_, path_))
+        await asyncio.sleep(0)
+    return tuple(tasks)
+
+
+def test_a_request_on_a_sandbox_keeps_the_next_create_waiting_until_it_ends() -> None:
+    async def scenario() -> None:
+        app = Held()
+        admission = CreateAdmission(app, places=2)
+        command, first, second = await on_a_sandbox_then_two_creates(
+            admission, "POST", "/api/v1/sandboxes/sbx_a/commands", "/e2b/sandboxes"
+        )
+        await asyncio.sleep(0.01)
+        # The command and one create hold the two places; the next create waits.
+        assert app.inside == ["/api/v1/sandboxes/sbx_a/commands", "/api/v1/sandboxes"]
+        app.release("/api/v1/sandboxes/sbx_a/commands")
+        await command
+        await asyncio.sleep(0.01)
+        assert app.inside[-1] == "/e2b/sandboxes"
+        app.release("/api/v1/sandboxes")
+        app.release("/e2b/sandboxes")
+        await asyncio.gather(first, second)
+        assert admission.gate is not None
+        assert (admission.gate.taken, admission.gate.ahead) == (0, 0)
+
+    run(scenario())
+
+
+def test_requests_on_sandboxes_take_all_places_but_one_so_creates_always_move() -> None:
+    async def scenario() -> None:
+        app = Held()
+        admission = CreateAdmission(app, places=3)
+        commands = [
+            request(admission, "POST", f"/api/v1/sandboxes/sbx_{i}/commands") for i in range(5)
+        ]
+        await asyncio.sleep(0)
+        creates = [request(admission, "POST", "/api/v1/sandboxes") for _ in range(2)]
+        await asyncio.sleep(0.01)
+        gate = admission.gate
+        assert gate is not None
+        # Every command runs at once (none waits); two of them hold places, one is left.
+        assert len([p for p in app.inside if p.endswith("/commands")]) == 5
+        assert app.inside.count("/api/v1/sandboxes") == 1
+        assert (gate.taken, gate.ahead) == (3, 2)
+        for i in range(5):
+            app.release(f"/api/v1/sandboxes/sbx_{i}/commands")
+        await asyncio.gather(*commands)
+        await asyncio.sleep(0.01)
+        assert app.inside.count("/api/v1/sandboxes") == 2
+        app.release("/api/v1/sandboxes")
+        await asyncio.gather(*creates)
+        assert (gate.taken, gate.ahead) == (0, 0)
+
+    run(scenario())
+
+
+def test_a_long_request_on_a_sandbox_holds_creates_back_only_for_the_follow_up_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("playground.admission.FOLLOW_UP_HOLD_S", 0.05)
+
+    async def scenario() -> None:
+        app = Held()
+        admission = CreateAdmission(app, places=2)
+        started = time.monotonic()
+        build, first, second = await on_a_sandbox_then_two_creates(
+            admission, "POST", "/api/v1/sandboxes/sbx_a/commands", "/e2b/v2/sandboxes"
+        )
+        while "/e2b/v2/sandboxes" not in app.inside:
+            await asyncio.sleep(0.005)
+            assert time.monotonic() - started < 5
+        assert time.monotonic() - started >= 0.04
+        assert "/api/v1/sandboxes/sbx_a/commands" not in app.done  # still running
+        app.release("/api/v1/sandboxes/sbx_a/commands")
+        app.release("/api/v1/sandboxes")
+        app.release("/e2b/v2/sandboxes")
+        await asyncio.gather(build, first, second)
+        gate = admission.gate
+        assert gate is not None
+        # The limit gave the place back once; the request's end did not give it twice.
+        assert (gate.taken, gate.ahead) == (0, 0)
+
+    run(scenario())
+
+
+def test_a_cancelled_request_on_a_sandbox_gives_its_place_back() -> None:
+    async def scenario() -> None:
+        app = Held()
+        admission = CreateAdmission(app, places=2)
+        command, first, second = await on_a_sandbox_then_two_creates(
+            admission, "GET", "/api/v1/sandboxes/sbx_a/files", "/api/v1/sandboxes"
+        )
+        await asyncio.sleep(0.01)
+        assert app.inside.count("/api/v1/sandboxes") == 1
+        command.cancel()  # the client went away
+        await asyncio.sleep(0.01)
+        assert app.inside.count("/api/v1/sandboxes") == 2
+        app.release("/api/v1/sandboxes")
+        await asyncio.gather(first, second)
+        gate = admission.gate
+        assert gate is not None
+        assert (gate.taken, gate.ahead) == (0, 0)
+
+    run(scenario())
+
+
+def test_only_requests_below_a_create_route_take_a_place() -> None:
+    async def scenario() -> list[int]:
+        app = Held()
+        admission = CreateAdmission(app, places=2)
+        taken = []
+        for method, path in [
+            ("GET", "/api/v1/sandboxes"),  # the list, not one sandbox
+            ("GET", "/api/v1/sandboxesX/a"),
+            ("GET", "/api/v1/organization"),
+            ("GET", "/health/live"),
+            ("POST", "/api/v1/sandboxes/sbx_a/commands"),
+            ("GET", "/e2b/sandboxes/sbx_a"),
+        ]:
+            request(admission, method, path)
+            await asyncio.sleep(0)
+            assert admission.gate is not None
+            taken.append(admission.gate.taken)
+        for path in set(app.inside):
+            app.release(path)
+        await asyncio.sleep(0.01)
+        return taken
+
+    # The second request below a create route finds the one place left for creates.
+    assert run(scenario()) == [0, 0, 0, 0, 1, 1]
+
+
+def test_creates_and_requests_on_sandboxes_interleaved_at_random_keep_the_gate_whole() -> None:
+    """Races: 300 creates and requests on sandboxes arriving, ending and cancelled in a
+    seeded random order; at no moment more creates in than places, nor more places taken
+    ahead than all but one; every request gets in and the gate ends empty."""
+    rng = random.Random(18)
+
+    async def scenario() -> None:
+        places = 4
+        creates_in = peak = 0
+        gate_seen: list[FairGate] = []
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            nonlocal creates_in, peak
+            is_create = scope["path"] in CREATE_PATHS
+            creates_in += is_create
+            peak = max(peak, creates_in)
+            gate = gate_seen[0]
+            assert gate.ahead <= places - 1
+            try:
+                await asyncio.sleep(rng.choice([0, 0.001, 0.003, 0.02]))
+            finally:
+                creates_in -= is_create
+
+        admission = CreateAdmission(app, places=places)
+        admission.gate = FairGate(places)
+        gate_seen.append(admission.gate)
+        tasks = []
+        for i in range(300):
+            path = "/api/v1/sandboxes" if rng.random() < 0.5 else f"/api/v1/sandboxes/s{i}/exec"
+            tasks.append(request(admission, "POST", path))
+            if rng.random() < 0.1:
+                rng.choice(tasks).cancel()
+            await asyncio.sleep(rng.choice([0, 0, 0.001]))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert peak <= places
+        assert (admission.gate.taken, admission.gate.ahead) == (0, 0)
+
+    run(scenario())
 
 
 def test_zero_places_admit_every_create_at_once() -> None:
