@@ -11,6 +11,8 @@ at once and ahead of every waiting create, for at most ``FOLLOW_UP_HOLD_S``: wor
 done finishes before more starts. Let through beside the next creates instead, a burst's
 first commands took two to three times as long (their threads and their jails shared the
 cores with those creates). At most all places but one are taken so: creates always move.
+Only a proven caller's requests (below) take one, so requests under forged keys, answered
+401 at once anyway, cannot take places from creates.
 
 A create that keeps its place longer than ``HOLD_LIMIT_S`` is waiting on something else
 (a template's own jail, a snapshot restore, the docker engine), not using this process:
@@ -19,8 +21,8 @@ ones for longer than that.
 
 The line is one per caller (the credential a request presents), served in turn: one
 caller's thousand creates do not queue ahead of another caller's one. A credential gets a
-line of its own once one of its creates was answered as authenticated (anything but 401 or
-403); until then it waits in one line shared by every unproven credential, so a flood of
+line of its own once one of its requests here (a create, or one on a sandbox) was answered
+as authenticated (anything but 401 or 403); until then it waits in one line shared by every unproven credential, so a flood of
 forged keys, each different, takes one turn in each round, not one per forged key. The
 rate limits and the concurrent-sandbox cap are checked later, in the view, once the key is
 resolved.
@@ -177,8 +179,8 @@ class ProvenCallers:
 
 
 class CreateAdmission:
-    """ASGI middleware: sandbox creates pass `gate` (per caller, in turn), requests on one
-    sandbox take a place ahead of them, all else goes straight through. One gate per web
+    """ASGI middleware: sandbox creates pass `gate` (per caller, in turn), a proven caller's
+    requests on one sandbox take a place ahead of them, all else goes straight through. One gate per web
     process (each has its own event loop and Python)."""
 
     def __init__(self, app: Any, places: int) -> None:
@@ -191,23 +193,20 @@ class CreateAdmission:
         if self.places < 1 or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        is_create = scope["method"] == "POST" and scope["path"] in CREATE_PATHS
+        if not is_create and not scope["path"].startswith(FOLLOW_UP_PREFIXES):
+            await self.app(scope, receive, send)
+            return
         if self.gate is None:
             self.gate = FairGate(self.places)
         gate = self.gate
-        if scope["method"] == "POST" and scope["path"] in CREATE_PATHS:
-            await self._create(gate, scope, receive, send)
-        elif scope["path"].startswith(FOLLOW_UP_PREFIXES):
-            ahead = gate.enter_ahead(FOLLOW_UP_HOLD_S)
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                gate.leave(ahead, ahead=True)
-        else:
-            await self.app(scope, receive, send)
-
-    async def _create(self, gate: FairGate, scope: dict[str, Any], receive: Any, send: Any) -> None:
         digest = self.proven.digest(caller_credential(scope))
-        held = await gate.enter(self.proven.line(digest))
+        held: asyncio.TimerHandle | None
+        if is_create:
+            held = await gate.enter(self.proven.line(digest))
+        else:  # forged credentials must not take places from creates: proven callers only
+            proven = self.proven.line(digest) != UNPROVEN_LINE
+            held = gate.enter_ahead(FOLLOW_UP_HOLD_S) if proven else None
         status: int | None = None
 
         async def send_noting_status(message: dict[str, Any]) -> None:
@@ -219,5 +218,5 @@ class CreateAdmission:
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            gate.leave(held)
+            gate.leave(held, ahead=not is_create)
             self.proven.answered(digest, status)

@@ -311,8 +311,21 @@ class Held:
         self.done.append(scope["path"])
 
 
-def request(admission: CreateAdmission, method: str, path: str) -> asyncio.Task[None]:
-    return asyncio.create_task(admission(http_scope(method, path), None, None))
+PROVEN_KEY = b"Bearer sp_proven"
+
+
+def proven_admission(app: Any, places: int) -> CreateAdmission:
+    """A gate that has seen PROVEN_KEY answered as authenticated."""
+    admission = CreateAdmission(app, places=places)
+    admission.proven.answered(admission.proven.digest(PROVEN_KEY), 200)
+    return admission
+
+
+def request(
+    admission: CreateAdmission, method: str, path: str, key: bytes = PROVEN_KEY
+) -> asyncio.Task[None]:
+    scope = {**http_scope(method, path), "headers": [(b"authorization", key)]}
+    return asyncio.create_task(admission(scope, None, None))
 
 
 async def on_a_sandbox_then_two_creates(
@@ -329,7 +342,7 @@ async def on_a_sandbox_then_two_creates(
 def test_a_request_on_a_sandbox_keeps_the_next_create_waiting_until_it_ends() -> None:
     async def scenario() -> None:
         app = Held()
-        admission = CreateAdmission(app, places=2)
+        admission = proven_admission(app, places=2)
         command, first, second = await on_a_sandbox_then_two_creates(
             admission, "POST", "/api/v1/sandboxes/sbx_a/commands", "/e2b/sandboxes"
         )
@@ -352,7 +365,7 @@ def test_a_request_on_a_sandbox_keeps_the_next_create_waiting_until_it_ends() ->
 def test_requests_on_sandboxes_take_all_places_but_one_so_creates_always_move() -> None:
     async def scenario() -> None:
         app = Held()
-        admission = CreateAdmission(app, places=3)
+        admission = proven_admission(app, places=3)
         commands = [
             request(admission, "POST", f"/api/v1/sandboxes/sbx_{i}/commands") for i in range(5)
         ]
@@ -384,7 +397,7 @@ def test_a_long_request_on_a_sandbox_holds_creates_back_only_for_the_follow_up_l
 
     async def scenario() -> None:
         app = Held()
-        admission = CreateAdmission(app, places=2)
+        admission = proven_admission(app, places=2)
         started = time.monotonic()
         build, first, second = await on_a_sandbox_then_two_creates(
             admission, "POST", "/api/v1/sandboxes/sbx_a/commands", "/e2b/v2/sandboxes"
@@ -409,7 +422,7 @@ def test_a_long_request_on_a_sandbox_holds_creates_back_only_for_the_follow_up_l
 def test_a_cancelled_request_on_a_sandbox_gives_its_place_back() -> None:
     async def scenario() -> None:
         app = Held()
-        admission = CreateAdmission(app, places=2)
+        admission = proven_admission(app, places=2)
         command, first, second = await on_a_sandbox_then_two_creates(
             admission, "GET", "/api/v1/sandboxes/sbx_a/files", "/api/v1/sandboxes"
         )
@@ -430,7 +443,7 @@ def test_a_cancelled_request_on_a_sandbox_gives_its_place_back() -> None:
 def test_only_requests_below_a_create_route_take_a_place() -> None:
     async def scenario() -> list[int]:
         app = Held()
-        admission = CreateAdmission(app, places=2)
+        admission = proven_admission(app, places=2)
         taken = []
         for method, path in [
             ("GET", "/api/v1/sandboxes"),  # the list, not one sandbox
@@ -442,8 +455,7 @@ def test_only_requests_below_a_create_route_take_a_place() -> None:
         ]:
             request(admission, method, path)
             await asyncio.sleep(0)
-            assert admission.gate is not None
-            taken.append(admission.gate.taken)
+            taken.append(admission.gate.taken if admission.gate is not None else 0)
         for path in set(app.inside):
             app.release(path)
         await asyncio.sleep(0.01)
@@ -451,6 +463,48 @@ def test_only_requests_below_a_create_route_take_a_place() -> None:
 
     # The second request below a create route finds the one place left for creates.
     assert run(scenario()) == [0, 0, 0, 0, 1, 1]
+
+
+def test_forged_credentials_take_no_place_ahead_an_authenticated_answer_proves_one() -> None:
+    async def scenario() -> None:
+        app = Held()
+        admission = proven_admission(app, places=2)
+        forged = [
+            request(
+                admission, "GET", f"/api/v1/sandboxes/sbx_{i}", key=f"Bearer forged-{i}".encode()
+            )
+            for i in range(20)
+        ]
+        creates = [request(admission, "POST", "/api/v1/sandboxes") for _ in range(2)]
+        await asyncio.sleep(0.01)
+        # A flood of requests under forged keys leaves creates every place.
+        assert app.inside.count("/api/v1/sandboxes") == 2
+        gate = admission.gate
+        assert gate is not None and gate.ahead == 0
+        for task in [*forged, *creates]:
+            task.cancel()
+        await asyncio.gather(*forged, *creates, return_exceptions=True)
+
+        # A sandbox token never used to create: its first answered request proves it.
+        async def answering(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200})
+
+        async def sent(message: dict[str, Any]) -> None:
+            return None
+
+        token = [(b"authorization", b"Bearer sbx_token")]
+        admission.app = answering
+        scope = {**http_scope("GET", "/api/v1/sandboxes/sbx_a"), "headers": token}
+        await admission(scope, None, sent)
+        admission.app = app
+        held = request(admission, "POST", "/api/v1/sandboxes/sbx_a/commands", b"Bearer sbx_token")
+        await asyncio.sleep(0.01)
+        assert (gate.taken, gate.ahead) == (1, 1)
+        app.release("/api/v1/sandboxes/sbx_a/commands")
+        await held
+        assert (gate.taken, gate.ahead) == (0, 0)
+
+    run(scenario())
 
 
 def test_creates_and_requests_on_sandboxes_interleaved_at_random_keep_the_gate_whole() -> None:
@@ -476,7 +530,7 @@ def test_creates_and_requests_on_sandboxes_interleaved_at_random_keep_the_gate_w
             finally:
                 creates_in -= is_create
 
-        admission = CreateAdmission(app, places=places)
+        admission = proven_admission(app, places=places)
         admission.gate = FairGate(places)
         gate_seen.append(admission.gate)
         tasks = []
