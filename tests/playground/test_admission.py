@@ -321,6 +321,13 @@ def proven_admission(app: Any, places: int) -> CreateAdmission:
     return admission
 
 
+def assert_gate_empty(admission: CreateAdmission) -> None:
+    """No place held, by a create or ahead of one."""
+    gate = admission.gate
+    assert gate is not None
+    assert (gate.taken, gate.ahead) == (0, 0)
+
+
 def request(
     admission: CreateAdmission, method: str, path: str, key: bytes = PROVEN_KEY
 ) -> asyncio.Task[None]:
@@ -356,8 +363,7 @@ def test_a_request_on_a_sandbox_keeps_the_next_create_waiting_until_it_ends() ->
         app.release("/api/v1/sandboxes")
         app.release("/e2b/sandboxes")
         await asyncio.gather(first, second)
-        assert admission.gate is not None
-        assert (admission.gate.taken, admission.gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
@@ -385,7 +391,7 @@ def test_requests_on_sandboxes_take_all_places_but_one_so_creates_always_move() 
         assert app.inside.count("/api/v1/sandboxes") == 2
         app.release("/api/v1/sandboxes")
         await asyncio.gather(*creates)
-        assert (gate.taken, gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
@@ -411,10 +417,8 @@ def test_a_long_request_on_a_sandbox_holds_creates_back_only_for_the_follow_up_l
         app.release("/api/v1/sandboxes")
         app.release("/e2b/v2/sandboxes")
         await asyncio.gather(build, first, second)
-        gate = admission.gate
-        assert gate is not None
         # The limit gave the place back once; the request's end did not give it twice.
-        assert (gate.taken, gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
@@ -433,9 +437,7 @@ def test_a_cancelled_request_on_a_sandbox_gives_its_place_back() -> None:
         assert app.inside.count("/api/v1/sandboxes") == 2
         app.release("/api/v1/sandboxes")
         await asyncio.gather(first, second)
-        gate = admission.gate
-        assert gate is not None
-        assert (gate.taken, gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
@@ -502,7 +504,7 @@ def test_forged_credentials_take_no_place_ahead_an_authenticated_answer_proves_o
         assert (gate.taken, gate.ahead) == (1, 1)
         app.release("/api/v1/sandboxes/sbx_a/commands")
         await held
-        assert (gate.taken, gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
@@ -542,7 +544,7 @@ def test_creates_and_requests_on_sandboxes_interleaved_at_random_keep_the_gate_w
             await asyncio.sleep(rng.choice([0, 0, 0.001]))
         await asyncio.gather(*tasks, return_exceptions=True)
         assert peak <= places
-        assert (admission.gate.taken, admission.gate.ahead) == (0, 0)
+        assert_gate_empty(admission)
 
     run(scenario())
 
