@@ -22,10 +22,10 @@ ones for longer than that.
 The line is one per caller (the credential a request presents), served in turn: one
 caller's thousand creates do not queue ahead of another caller's one. A credential gets a
 line of its own once one of its requests here (a create, or one on a sandbox) was answered
-as authenticated (anything but 401 or 403); until then it waits in one line shared by every unproven credential, so a flood of
-forged keys, each different, takes one turn in each round, not one per forged key. The
-rate limits and the concurrent-sandbox cap are checked later, in the view, once the key is
-resolved.
+as authenticated (anything but 401 or 403); until then it waits in one line shared by every
+unproven credential, so a flood of forged keys, each different, takes one turn in each
+round, not one per forged key. The rate limits and the concurrent-sandbox cap are checked
+later, in the view, once the key is resolved.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ class ProvenCallers:
 
 class CreateAdmission:
     """ASGI middleware: sandbox creates pass `gate` (per caller, in turn), a proven caller's
-    requests on one sandbox take a place ahead of them, all else goes straight through. One gate per web
-    process (each has its own event loop and Python)."""
+    requests on one sandbox take a place ahead of them, all else goes straight through. One
+    gate per web process (each has its own event loop and Python)."""
 
     def __init__(self, app: Any, places: int) -> None:
         self.app = app
