@@ -66,3 +66,16 @@ def test_tests_of_one_shared_engine_run_on_one_worker(pytestconfig: pytest.Confi
     assert "--dist loadgroup" in " ".join(pytestconfig.getini("addopts")), pytestconfig.getini(
         "addopts"
     )
+
+
+@pytest.mark.xdist_group("grouping-check")
+@pytest.mark.parametrize("variant", ["first", "second"])
+def test_a_grouped_test_carries_its_group_to_the_scheduler(
+    request: pytest.FixtureRequest, variant: str
+) -> None:
+    """Under workers, `--dist loadgroup` sends a test to its group's worker by a suffix on its
+    node id. pytest 9.2 moved the id pytest-xdist 3.8 writes that suffix to, and grouped tests
+    ran side by side on two workers, unnoticed (pyproject pins pytest below 9.2)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: no scheduler to tell
+        return
+    assert request.node.nodeid.endswith(f"[{variant}]@grouping-check"), request.node.nodeid

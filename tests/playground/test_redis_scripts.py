@@ -1,9 +1,13 @@
 """common/redis_scripts.py against the real Redis: the command it writes is the one redis-py
 writes, the reply is the one redis-py's Script returns, and a counting script counts once
-through lost scripts, dropped connections, a timed-out reply and concurrent callers."""
+through lost scripts, dropped connections, a timed-out reply and concurrent callers, both on
+the module's own connections (a plain TCP client) and on a client's own pool (any other)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
 import threading
 import uuid
 
@@ -11,7 +15,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from common.redis_scripts import LuaScript, command, resp_command
+from common.redis_scripts import LuaScript, command, direct_connections, resp_command
 from tests.requirements import missing_part
 
 COUNT = "return redis.call('INCR', KEYS[1])"
@@ -27,12 +31,23 @@ return value
 """
 
 
-@pytest.fixture
-def client():
+@pytest.fixture(params=["direct", "pooled"])
+def options(request):
+    """A client's options: none (the module's own connections) or one they do not take, which
+    leaves the client to its own pool."""
     if not settings.REDIS_URL:
         missing_part("REDIS_URL is not set")
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    return {"client_name": "test-pooled"} if request.param == "pooled" else {}
+
+
+@pytest.fixture
+def client(options):
+    client = redis.Redis.from_url(settings.REDIS_URL, **options)
+    assert (direct_connections(client) is None) == bool(options)
     yield client
+    direct = direct_connections(client)
+    if direct is not None:
+        direct.close()
     client.close()
 
 
@@ -81,19 +96,15 @@ def test_a_script_redis_lost_is_run_and_cached_again(client, key):
 def test_a_connection_the_server_closed_is_replaced_and_counts_once(client, key):
     script = LuaScript(client, COUNT)
     assert script(keys=[key]) == 1
-    pooled = client.connection_pool.get_connection()
-    try:
-        pooled.send_command("CLIENT", "ID")
-        pooled_id = pooled.read_response()
-    finally:
-        client.connection_pool.release(pooled)
+    idle_id = command(client, "CLIENT", "ID")  # the connection the next call takes
     other = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        assert other.client_kill_filter(_id=pooled_id) == 1
+        assert other.client_kill_filter(_id=idle_id) == 1
     finally:
         other.close()
     assert script(keys=[key]) == 2
     assert int(client.get(key)) == 2
+    assert command(client, "CLIENT", "ID") != idle_id
 
 
 def test_an_error_reply_raises_and_the_connection_stays_usable(client, key):
@@ -103,8 +114,11 @@ def test_an_error_reply_raises_and_the_connection_stays_usable(client, key):
     assert LuaScript(client, COUNT)(keys=[key]) == 1
 
 
-def test_a_reply_that_times_out_is_not_sent_again(client, key):
-    impatient = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.1)
+# Its script blocks Redis for 0.4 s: side by side, the other variant's 0.1 s client would time
+# out connecting, before its script ran.
+@pytest.mark.xdist_group("redis-blocking-script")
+def test_a_reply_that_times_out_is_not_sent_again(client, key, options):
+    impatient = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.1, **options)
     try:
         with pytest.raises(redis.TimeoutError):
             LuaScript(impatient, COUNT_SLOWLY)(keys=[key], args=[400_000])
@@ -145,3 +159,127 @@ def test_a_plain_command_replies_as_redis_py(client, key):
     with pytest.raises(redis.ResponseError):
         command(client, "NO-SUCH-COMMAND")
     assert command(client, "GET", key) == b"\x00value\r\n"  # the connection is still good
+
+
+NESTED = """
+return {1, {2, {'three'}}, redis.error_reply('inner refusal'), string.rep('y', 300000), {}}
+"""
+
+
+def test_nested_replies_errors_inside_them_and_long_ones_are_redis_pys(client, key):
+    ours = LuaScript(client, NESTED)(keys=[key])
+    theirs = client.register_script(NESTED)(keys=[key])
+    assert [type(part) for part in ours] == [type(part) for part in theirs]
+    assert str(ours[2]) == str(theirs[2]) == "inner refusal"
+    assert isinstance(ours[2], redis.ResponseError)
+    assert ours[:2] + ours[3:] == theirs[:2] + theirs[3:]
+    assert ours[3] == b"y" * 300_000 and ours[4] == []
+
+
+def redis_options() -> dict:
+    if not settings.REDIS_URL:
+        missing_part("REDIS_URL is not set")
+    return redis.ConnectionPool.from_url(settings.REDIS_URL).connection_kwargs
+
+
+def test_only_a_plain_tcp_client_is_served_by_the_modules_own_connections():
+    at = redis_options()
+    assert direct_connections(redis.Redis.from_url(settings.REDIS_URL)) is not None
+    served_by_their_pools = [
+        redis.Redis.from_url(f"rediss://{at['host']}:{at['port']}/0"),
+        redis.Redis.from_url("unix:///run/redis.sock?db=2"),
+        redis.Redis.from_url(settings.REDIS_URL, client_name="named"),
+        redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(settings.REDIS_URL)),
+    ]
+    for client in served_by_their_pools:
+        assert direct_connections(client) is None
+
+
+class RecordingSocket:
+    """A socket that notes the name of each method called on it."""
+
+    def __init__(self, sock: socket.socket, calls: list[str]) -> None:
+        self.sock = sock
+        self.calls = calls
+
+    def __getattr__(self, name: str):
+        self.calls.append(name)
+        return getattr(self.sock, name)
+
+
+def test_a_round_trip_is_one_send_and_one_receive_on_a_blocking_socket():
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.5)
+    direct = direct_connections(client)
+    assert direct is not None
+    try:
+        assert command(client, "PING") == b"PONG"
+        (connection,) = direct.idle
+        # No poll before each call: the kernel keeps the timeouts.
+        assert connection.sock.gettimeout() is None
+        seconds, micros = struct.unpack(
+            "ll", connection.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+        )
+        assert (seconds, micros) == (1, 500_000)
+        calls: list[str] = []
+        connection.sock = RecordingSocket(connection.sock, calls)  # type: ignore[assignment]
+        assert command(client, "PING") == b"PONG"
+        # The TCP state is read (no system call that lets go of the GIL), then one send and
+        # one receive.
+        assert calls == ["getsockopt", "sendall", "recv"]
+    finally:
+        direct.close()
+        client.close()
+
+
+def test_a_forked_child_opens_its_own_connection_and_leaves_its_parents_alone():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        parent_id = command(client, "CLIENT", "ID")
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.write(write_end, str(command(client, "CLIENT", "ID")).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            child_id = int(pipe.read() or "0")
+        os.waitpid(child, 0)
+        assert child_id and child_id != parent_id
+        assert command(client, "CLIENT", "ID") == parent_id  # the parent's, still open
+    finally:
+        direct = direct_connections(client)
+        assert direct is not None
+        direct.close()
+        client.close()
+
+
+def test_credentials_and_the_database_of_the_url_are_used(key):
+    at = redis_options()
+    admin = redis.Redis.from_url(settings.REDIS_URL)
+    user = f"test-redis-scripts-{uuid.uuid4().hex[:12]}"
+    admin.acl_setuser(user, enabled=True, passwords=["+right-pw"], keys=["*"], commands=["+@all"])
+    try:
+        url = f"redis://{user}:right-pw@{at['host']}:{at['port']}/5"
+        authorised = redis.Redis.from_url(url)
+        assert direct_connections(authorised) is not None
+        assert command(authorised, "SET", key, b"in five") == b"OK"
+        in_five = redis.Redis.from_url(f"redis://{at['host']}:{at['port']}/5")
+        assert in_five.get(key) == b"in five"
+        in_five.delete(key)
+        refused = redis.Redis.from_url(f"redis://{user}:wrong-pw@{at['host']}:{at['port']}/5")
+        with pytest.raises(redis.AuthenticationError):
+            command(refused, "GET", key)
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+def test_a_redis_that_is_not_there_is_a_connection_error():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    absent = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    with pytest.raises(redis.ConnectionError):
+        command(absent, "PING")
