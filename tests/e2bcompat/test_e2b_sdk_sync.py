@@ -101,7 +101,12 @@ def test_every_call_of_the_sync_sdk(e2b_env, org_a, provider):  # type: ignore[n
         pty_reader.start()
         sbx.pty.resize(pty.pid, PtySize(rows=33, cols=111))
         sbx.pty.send_stdin(pty.pid, b"stty size; echo pty-$((6*7))\n")
-        _wait_for(lambda: b"pty-42" in data, "PTY output")
+        try:
+            _wait_for(lambda: b"pty-42" in data, "PTY output")
+        except AssertionError as timed_out:  # once in a full run under load: say what came
+            raise AssertionError(
+                f"{timed_out}: got {bytes(data)!r}, reader alive: {pty_reader.is_alive()}"
+            ) from None
         assert b"33 111" in data
         assert sbx.pty.kill(pty.pid) is True
         pty_reader.join(10)
