@@ -159,6 +159,28 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_context_switches(pid: int) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of `pid`'s threads so far (threads that
+    have ended are not counted; (0, 0) once it is gone)."""
+    voluntary = involuntary = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0, 0
+    for task in tasks:
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            name, _, value = line.partition(":")
+            if name == "voluntary_ctxt_switches":
+                voluntary += int(value)
+            elif name == "nonvoluntary_ctxt_switches":
+                involuntary += int(value)
+    return voluntary, involuntary
+
+
 def web_processes(port: int) -> list[int]:
     """The web server processes serving `port`: the launcher (which is the server itself
     when it runs one process) and the Python servers it started; not the jails below them."""

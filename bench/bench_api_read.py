@@ -8,7 +8,8 @@ With `--clients N`, N keep-alive connections ask at once (each a thread), hello 
 rounds interleaved so a drifting machine moves both alike. Issue 18's target: read p50 at
 most 2x hello's. The hello endpoint lives only in the bench's server (bench/_bench_asgi.py).
 A second table gives the web processes' CPU per request for each (from /proc): latency on
-this shared machine swings with its neighbours' load, CPU per request much less.
+this shared machine swings with its neighbours' load, CPU per request much less; a third
+their threads' context switches per request.
 
 More servers can be measured in the same run, their rounds interleaved with the product's:
 `--stock-middleware` serves the same code with Django's stock middleware in place of the
@@ -35,6 +36,7 @@ from _server import (
     daphne,
     ensure_database,
     percentile,
+    process_context_switches,
     process_cpu_s,
     web_processes,
 )
@@ -79,14 +81,23 @@ class Served:
     reads: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[tuple[int, str], float] = field(default_factory=dict)
     """The web processes' CPU seconds while (clients, "hello" or "read") was measured."""
+    switches: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+    """Their threads' voluntary and involuntary context switches over the same calls."""
 
     def timed(self, key: str, path: str, clients: int, runs: int, which: str) -> list[float]:
         """timed_calls, adding the web processes' CPU over the calls to `cpu_s`."""
         pids = web_processes(self.port)
         before = sum(process_cpu_s(pid) for pid in pids)
+        switches_before = [process_context_switches(pid) for pid in pids]
         samples = timed_calls(self.port, key, path, clients, runs)
         spent = sum(process_cpu_s(pid) for pid in pids) - before
         self.cpu_s[clients, which] = self.cpu_s.get((clients, which), 0.0) + spent
+        voluntary, involuntary = self.switches.get((clients, which), (0, 0))
+        for pid, (was_voluntary, was_involuntary) in zip(pids, switches_before, strict=True):
+            now_voluntary, now_involuntary = process_context_switches(pid)
+            voluntary += now_voluntary - was_voluntary
+            involuntary += now_involuntary - was_involuntary
+        self.switches[clients, which] = (voluntary, involuntary)
         return samples
 
 
@@ -162,6 +173,17 @@ def main() -> None:
             hello_us = one.cpu_s[n, "hello"] * 1e6 / len(one.hello[n])
             read_us = one.cpu_s[n, "read"] * 1e6 / len(one.reads[n])
             print(f"{one.label} | {n} | {hello_us:.0f} | {read_us:.0f} | {read_us / hello_us:.2f}x")
+    # Each switch costs the process CPU, and in a busy process most are threads taking turns
+    # with the GIL around system calls that let go of it.
+    print("\nContext switches per request (voluntary + involuntary) of the web processes' threads")
+    print("server | clients | hello | read")
+    for n in clients:
+        for one in served:
+            cells = []
+            for which, samples in (("hello", one.hello[n]), ("read", one.reads[n])):
+                voluntary, involuntary = one.switches[n, which]
+                cells.append(f"{voluntary / len(samples):.1f} + {involuntary / len(samples):.1f}")
+            print(f"{one.label} | {n} | {cells[0]} | {cells[1]}")
 
 
 if __name__ == "__main__":
