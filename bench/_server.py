@@ -151,12 +151,18 @@ class Api:
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds `pid` has used so far (0 once it is gone)."""
+    return sum(process_user_and_system_cpu_s(pid))
+
+
+def process_user_and_system_cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds `pid` has used so far ((0, 0) once it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def process_context_switches(pid: int) -> tuple[int, int]:

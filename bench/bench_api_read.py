@@ -37,7 +37,7 @@ from _server import (
     ensure_database,
     percentile,
     process_context_switches,
-    process_cpu_s,
+    process_user_and_system_cpu_s,
     web_processes,
 )
 
@@ -81,17 +81,22 @@ class Served:
     reads: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[tuple[int, str], float] = field(default_factory=dict)
     """The web processes' CPU seconds while (clients, "hello" or "read") was measured."""
+    system_cpu_s: dict[tuple[int, str], float] = field(default_factory=dict)
+    """The part of `cpu_s` spent in the kernel."""
     switches: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
     """Their threads' voluntary and involuntary context switches over the same calls."""
 
     def timed(self, key: str, path: str, clients: int, runs: int, which: str) -> list[float]:
         """timed_calls, adding the web processes' CPU over the calls to `cpu_s`."""
         pids = web_processes(self.port)
-        before = sum(process_cpu_s(pid) for pid in pids)
+        before = [process_user_and_system_cpu_s(pid) for pid in pids]
         switches_before = [process_context_switches(pid) for pid in pids]
         samples = timed_calls(self.port, key, path, clients, runs)
-        spent = sum(process_cpu_s(pid) for pid in pids) - before
-        self.cpu_s[clients, which] = self.cpu_s.get((clients, which), 0.0) + spent
+        after = [process_user_and_system_cpu_s(pid) for pid in pids]
+        user = sum(now[0] - was[0] for now, was in zip(after, before, strict=True))
+        system = sum(now[1] - was[1] for now, was in zip(after, before, strict=True))
+        self.cpu_s[clients, which] = self.cpu_s.get((clients, which), 0.0) + user + system
+        self.system_cpu_s[clients, which] = self.system_cpu_s.get((clients, which), 0.0) + system
         voluntary, involuntary = self.switches.get((clients, which), (0, 0))
         for pid, (was_voluntary, was_involuntary) in zip(pids, switches_before, strict=True):
             now_voluntary, now_involuntary = process_context_switches(pid)
@@ -167,12 +172,17 @@ def main() -> None:
             )
     print("\nTarget (issue 18): read p50 <= 2x hello p50 (each server's own hello).")
     print("\nWeb processes' CPU per request, us (their background threads included)")
-    print("server | clients | hello | read | ratio")
+    print("server | clients | hello | read | ratio | hello in the kernel | read in the kernel")
     for n in clients:
         for one in served:
             hello_us = one.cpu_s[n, "hello"] * 1e6 / len(one.hello[n])
             read_us = one.cpu_s[n, "read"] * 1e6 / len(one.reads[n])
-            print(f"{one.label} | {n} | {hello_us:.0f} | {read_us:.0f} | {read_us / hello_us:.2f}x")
+            hello_system_us = one.system_cpu_s[n, "hello"] * 1e6 / len(one.hello[n])
+            read_system_us = one.system_cpu_s[n, "read"] * 1e6 / len(one.reads[n])
+            print(
+                f"{one.label} | {n} | {hello_us:.0f} | {read_us:.0f} | "
+                f"{read_us / hello_us:.2f}x | {hello_system_us:.0f} | {read_system_us:.0f}"
+            )
     # Each switch costs the process CPU, and in a busy process most are threads taking turns
     # with the GIL around system calls that let go of it.
     print("\nContext switches per request (voluntary + involuntary) of the web processes' threads")
