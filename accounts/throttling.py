@@ -56,7 +56,8 @@ _clients: dict[str, LuaScript] = {}
 _clients_lock = threading.Lock()
 
 
-def _script(url: str) -> LuaScript:
+def rate_limit_script(url: str) -> LuaScript:
+    """The sliding-window script on one client per Redis URL, shared by the process."""
     script = _clients.get(url)
     if script is None:
         with _clients_lock:
@@ -118,7 +119,7 @@ class PerKeyRateThrottle(SimpleRateThrottle):
         index = math.floor(now / window)
         elapsed = (now - index * window) / window
         prefix = f"{settings.CACHES['default'].get('KEY_PREFIX') or 'sandpit'}:{bucket}"
-        allowed, current, previous, *values = _script(settings.REDIS_URL)(
+        allowed, current, previous, *values = rate_limit_script(settings.REDIS_URL)(
             keys=[f"{prefix}:{index}", f"{prefix}:{index - 1}", *read],
             args=[self.num_requests, window, f"{elapsed:.6f}"],
         )

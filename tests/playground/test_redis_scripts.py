@@ -15,6 +15,8 @@ import pytest
 import redis
 from django.conf import settings
 
+from accounts.throttling import rate_limit_script
+from billing.metering import RedisMeter
 from common.redis_scripts import LuaScript, command, direct_connections, resp_command
 from tests.requirements import missing_part
 
@@ -193,6 +195,14 @@ def test_only_a_plain_tcp_client_is_served_by_the_modules_own_connections():
     ]
     for client in served_by_their_pools:
         assert direct_connections(client) is None
+
+
+def test_the_per_request_clients_of_billing_and_the_rate_limit_take_the_direct_path():
+    """An option added to either client would send them back to redis-py's pool, unseen."""
+    redis_options()  # needs Redis configured
+    meter = RedisMeter(settings.REDIS_URL, prefix="test-direct-path")
+    assert direct_connections(meter.client) is not None
+    assert direct_connections(rate_limit_script(settings.REDIS_URL).client) is not None
 
 
 class RecordingSocket:
