@@ -314,7 +314,7 @@ class Session:
                     elif fd == self.stdin_fd:
                         self._flush_input()
                     else:
-                        self._from_client(fd, poller)
+                        self._from_client(fd)
         finally:
             self._finish(timed_out)
 
@@ -365,20 +365,22 @@ class Session:
             if client.inbox:
                 self._frames(fd, client, b"")
 
-    def _drop(self, fd: int, poller: select.poll | None = None) -> None:
+    def _drop(self, fd: int) -> None:
         client = self.clients.pop(fd, None)
         if client is None:
             return
-        if poller is not None:
+        # Always out of the poll set: its socket is closed once `done` is set, and a closed
+        # descriptor left in it is reported at once on every poll (POLLNVAL), a busy loop.
+        if self._poller is not None:
             try:
-                poller.unregister(fd)
+                self._poller.unregister(fd)
             except KeyError:
                 pass
         client.done.set()
         if not self.clients and self.orphan_s is not None and self.result is None:
             self.orphan_deadline = time.monotonic() + self.orphan_s
 
-    def _from_client(self, fd: int, poller: select.poll) -> None:
+    def _from_client(self, fd: int) -> None:
         client = self.clients.get(fd)
         if client is None:
             return
@@ -387,7 +389,7 @@ class Session:
         except OSError:
             data = b""
         if not data:
-            self._drop(fd, poller)
+            self._drop(fd)
             return
         self._frames(fd, client, data)
 
