@@ -10,7 +10,7 @@ import time
 import uuid
 
 from sandboxes import agent_sessions
-from sandboxes.providers.base import ExecRequest, SandboxSpec
+from sandboxes.providers.base import ExecRequest, SandboxProvider, SandboxSpec
 from tests.requirements import missing_part
 
 # Output starts once the first client is attached, outgrows what its socket holds, then the
@@ -19,7 +19,7 @@ FLOOD_THEN_IDLE = "sleep 0.5; head -c 8000000 /dev/zero; sleep 6"
 BUSY_FOR_A_FEW_SECONDS = "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do :; done"
 
 
-def _cpu_percent_over(provider, provider_id: str, seconds: float) -> float:  # type: ignore[no-untyped-def]
+def _cpu_percent_over(provider: SandboxProvider, provider_id: str, seconds: float) -> float:
     provider.stats(provider_id)  # the sample the next one is measured from
     time.sleep(seconds)
     return provider.stats(provider_id).cpu_percent
