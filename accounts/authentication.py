@@ -90,7 +90,12 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
     try:
         if throttle is not None:
             # Other apps' keys for the organization ride along (authentication_reads).
-            extra = authentication_reads.keys_for(entry.organization_id)
+            extra = authentication_reads.keys_for(
+                entry.organization_id
+            ) + authentication_reads.request_keys_for(
+                request.method or "",
+                (getattr(request, "parser_context", None) or {}).get("kwargs") or {},
+            )
             verdict, values = throttle.count(throttle.key_bucket(entry.id), read=keys + extra)
             read = dict(zip(extra, values[len(keys) :], strict=True))
         else:

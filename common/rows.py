@@ -71,13 +71,21 @@ class RowLookup(Generic[M]):
         return self._plan(using).sql
 
     def get(self, *params: str | int, using: str = "default") -> M | None:
+        row = self.row(*params, using=using)
+        return None if row is None else self.instance(row, using=using)
+
+    def row(self, *params: str | int, using: str = "default") -> tuple[Any, ...] | None:
+        """The statement's row as the database driver returned it (before any field's
+        conversion: strings, numbers, datetimes, nothing mutable), or None."""
+        with connections[using].cursor() as cursor:
+            cursor.execute(self._plan(using).sql, params)
+            row = cursor.fetchone()
+        return None if row is None else tuple(row)
+
+    def instance(self, row: tuple[Any, ...], using: str = "default") -> M:
+        """A new instance from a row `row()` returned, as `get` builds it."""
         plan = self._plan(using)
         connection = connections[using]
-        with connection.cursor() as cursor:
-            cursor.execute(plan.sql, params)
-            row = cursor.fetchone()
-        if row is None:
-            return None
         instance: M = plan.columns.instance(row, connection, using)
         if plan.joined is not None and self.join is not None:
             # The descriptor's own assignment: as select_related leaves it, cached.

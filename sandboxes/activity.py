@@ -18,8 +18,8 @@ def sandbox_touch(sandbox: Sandbox) -> None:
     threshold = now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
     if sandbox.last_activity_at >= threshold:
         return  # the row we just read is fresh enough: no write, no round trip
-    Sandbox.objects.filter(pk=sandbox.pk, last_activity_at__lt=threshold).update(
-        last_activity_at=now
+    Sandbox.objects.filter(last_activity_at__lt=threshold).update_row(
+        sandbox.pk, last_activity_at=now
     )
     sandbox.last_activity_at = now
 
@@ -28,5 +28,5 @@ def sandbox_touch_id(sandbox_id: str) -> None:
     """sandbox_touch by id, for callers holding no row (terminals, streamed runs)."""
     now = timezone.now()
     Sandbox.objects.filter(
-        pk=sandbox_id, last_activity_at__lt=now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
-    ).update(last_activity_at=now)
+        last_activity_at__lt=now - timedelta(seconds=ACTIVITY_WRITE_INTERVAL_S)
+    ).update_row(sandbox_id, last_activity_at=now)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from django.db import models
 from django.utils import timezone
 
 from accounts.models import ApiKey, Organization, User
+
+from . import row_cache
 
 
 def new_sandbox_id() -> str:
@@ -50,6 +53,32 @@ ALLOWED_TRANSITIONS: dict[str, set[str]] = {
     SandboxState.ERROR: {SandboxState.DESTROYED},
     SandboxState.DESTROYED: set(),
 }
+
+
+class SandboxQuerySet(models.QuerySet["Sandbox"]):
+    """Writes that tell the per-process row caches (sandboxes/row_cache.py) what changed."""
+
+    def update(self, **kwargs: Any) -> int:
+        """Rows it cannot name: every process reads every sandbox from the database again.
+        A write to known rows says which (`update_row`)."""
+        count = super().update(**kwargs)
+        if count:
+            row_cache.rows_changed(None, using=self.db)
+        return count
+
+    def update_row(self, sandbox_id: str, **kwargs: Any) -> int:
+        """`self.filter(pk=sandbox_id).update(**kwargs)`, recorded as a change of that row
+        only."""
+        count = models.QuerySet.update(self.filter(pk=sandbox_id), **kwargs)
+        if count:
+            row_cache.rows_changed([sandbox_id], using=self.db)
+        return count
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        deleted = super().delete()
+        if deleted[0]:
+            row_cache.rows_changed(None, using=self.db)
+        return deleted
 
 
 class Sandbox(models.Model):
@@ -108,12 +137,26 @@ class Sandbox(models.Model):
     last_activity_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(help_text="Maximum lifetime; reaped after this.")
 
+    objects = SandboxQuerySet.as_manager()
+
     class Meta:
         indexes = [models.Index(fields=["organization", "state"])]
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.provider}, {self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        changed = not self._state.adding  # a new row: no process holds it yet
+        super().save(*args, **kwargs)
+        if changed:
+            row_cache.rows_changed([self.pk], using=self._state.db or "default")
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        sandbox_id = self.pk
+        deleted = super().delete(*args, **kwargs)
+        row_cache.rows_changed([sandbox_id], using=self._state.db or "default")
+        return deleted
 
     @property
     def is_live(self) -> bool:

@@ -205,9 +205,9 @@ def _reap_one(sandbox: Sandbox, now: datetime, report: ReapReport) -> None:
     if running:
         # A dev server or long job is activity: bump, conditionally, so we never move
         # last_activity_at backwards over a fresher touch.
-        Sandbox.objects.filter(
-            pk=sandbox.pk, state=SandboxState.RUNNING, last_activity_at__lt=now
-        ).update(last_activity_at=now)
+        Sandbox.objects.filter(state=SandboxState.RUNNING, last_activity_at__lt=now).update_row(
+            sandbox.pk, last_activity_at=now
+        )
         report.kept_alive.append(sandbox.id)
         logger.info("idle by the clock but %d user process(es) running: kept", running)
         return
@@ -322,8 +322,11 @@ def _reconcile_provider_orphans(provider_name: str, now: datetime, report: Recon
                 if decided_at > now - grace:
                     continue
                 if row["state"] == SandboxState.ERROR:
-                    Sandbox.objects.filter(pk=row["id"], state=SandboxState.ERROR).update(
-                        state=SandboxState.DESTROYED, destroyed_at=now, destroy_reason=REASON_ERROR
+                    Sandbox.objects.filter(state=SandboxState.ERROR).update_row(
+                        row["id"],
+                        state=SandboxState.DESTROYED,
+                        destroyed_at=now,
+                        destroy_reason=REASON_ERROR,
                     )
                 _destroy_orphan(provider_name, handle, report)
             except Exception:  # noqa: BLE001 - one resource's failure must not stop the sweep

@@ -28,6 +28,7 @@ from .providers.base import (
     SandboxGone,
     SandboxProvider,
 )
+from .row_cache import rows_changed
 
 
 def provider_for(sandbox: Sandbox) -> SandboxProvider:
@@ -103,8 +104,8 @@ def sandbox_transition(
     if where or not allowed_from or not _plain_values(fields):
         with fast_commit():
             updated = Sandbox.objects.filter(
-                pk=sandbox.pk, state__in=allowed_from, **dict(where or {})
-            ).update(state=to, **fields)
+                state__in=allowed_from, **dict(where or {})
+            ).update_row(sandbox.pk, state=to, **fields)
     else:
         updated = _transition_update(sandbox.pk, to, allowed_from, fields)
     if updated:
@@ -138,9 +139,12 @@ def _transition_update(pk: str, to: str, allowed_from: list[str], fields: Mappin
     columns = _columns()
     values = [columns["state"].get_db_prep_save(to, connection)]
     values += [columns[name].get_db_prep_save(fields[name], connection) for name in names]
-    return fast_statement(
+    updated = fast_statement(
         _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
     )
+    if updated:
+        rows_changed([pk])
+    return updated
 
 
 @cache

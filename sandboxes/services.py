@@ -389,7 +389,7 @@ def sandbox_set_timeout(*, caller: Caller, sandbox: Sandbox, timeout_s: int) -> 
         if Capability.TIMEOUT in provider.capabilities:
             remaining_s = max(1, int((sandbox.expires_at - now).total_seconds()))
             provider_call(sandbox, provider.set_timeout, sandbox.provider_id, remaining_s)
-        Sandbox.objects.filter(pk=sandbox.pk).update(timeout_s=timeout_s, last_activity_at=now)
+        Sandbox.objects.update_row(sandbox.pk, timeout_s=timeout_s, last_activity_at=now)
         sandbox.timeout_s, sandbox.last_activity_at = timeout_s, now
     return sandbox
 

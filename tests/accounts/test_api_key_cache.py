@@ -6,16 +6,10 @@ Redis), as a second web process or an owner's browser session would make them.""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -26,9 +20,8 @@ from accounts.models import ApiKey, Organization
 from accounts.principal import Principal
 from accounts.services import api_key_create, api_key_revoke
 from tests.conftest import assert_error
+from tests.other_process import run_in_another_process
 from tests.requirements import missing_part
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -66,24 +59,12 @@ def _warm(client: APIClient, path: str) -> None:
     assert seen[0] == (200, 1) and seen[-1] == (200, 0), seen
 
 
-def _in_another_process(code: str) -> None:
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    env = {
-        **os.environ,
-        "DATABASE_URL": urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"])),
-        "SANDPIT_REDIS_PREFIX": settings.CACHES["default"]["KEY_PREFIX"],
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_key_revoked_in_another_process_is_refused_at_once(org_a):  # type: ignore[no-untyped-def]
     issued = api_key_create(organization=org_a, name="ci")
     client = _client(issued.secret)
     _warm(client, "/api/v1/sandboxes")
-    _in_another_process(
+    run_in_another_process(
         "from accounts.models import ApiKey; from accounts.services import api_key_revoke; "
         f"api_key_revoke(api_key=ApiKey.objects.get(pk={issued.api_key.pk}))"
     )
@@ -96,7 +77,7 @@ def test_a_key_whose_organization_another_process_deleted_is_refused_at_once(): 
     issued = api_key_create(organization=doomed, name="ci")
     client = _client(issued.secret)
     _warm(client, "/api/v1/sandboxes")
-    _in_another_process(
+    run_in_another_process(
         f"from accounts.models import Organization; Organization.objects.get(pk={doomed.pk}).delete()"
     )
     assert_error(client.get("/api/v1/sandboxes"), 401, "authentication_failed")

@@ -1,0 +1,184 @@
+"""Sandbox rows this process has read for a GET, and the generations in Redis that say when
+to read them again.
+
+A GET of a sandbox (its state, its gauges) read the row from PostgreSQL on every request: a
+pooled connection taken and given back, a round trip, and its two system calls that each let
+go of the GIL. With ten clients reading at once that was a quarter of the read's CPU. A
+process now keeps the rows it read (as the driver returned them: nothing mutable) and serves
+one again only once Redis confirms that nothing changed it. The confirmation rides in the
+round trip that authenticates the API key and counts the request for the rate limit
+(accounts/authentication_reads.py): the request's own keys are the sandbox's generation and
+an epoch.
+
+Every write to a sandbox's row writes a new random generation for it (`rows_changed`): at
+once, and again when its transaction commits when it runs inside one (a process that read
+the row in between saw the old one). The model's save and delete, and the queryset updates
+that name their rows (`SandboxQuerySet.update_rows`), do it; any other queryset update or
+delete (which cannot say which rows it changed) writes a new epoch, which makes every process
+read every sandbox again. An entry is stored only with the generation read *before* the
+database read it holds, so a change landing between the two is never hidden.
+
+Generations expire after GENERATION_TTL_S, far longer than an entry is trusted (MAX_AGE_S),
+so an expired generation can never match an entry made before the change it recorded. If
+writing a generation fails (Redis unreachable), this process forgets every entry; another
+process may serve what it read before for at most MAX_AGE_S. Without Redis (the embedded
+mode) nothing is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from common import redis_scripts
+from common.rows import RowLookup
+
+if TYPE_CHECKING:
+    from accounts.principal import Principal
+
+    from .models import Sandbox
+
+logger = logging.getLogger(__name__)
+
+MAX_AGE_S = 60.0
+"""Longest an entry is trusted: bounds how late a change is seen whose generation could not
+be written (Redis unreachable at that moment)."""
+GENERATION_TTL_S = 3600
+"""How long Redis keeps a sandbox's generation (a key per sandbox changed in that time)."""
+MAX_ENTRIES = 10_000
+
+Generation = tuple[Any, Any]
+"""(the sandbox's generation, the epoch) as Redis returned them; the first None while the
+sandbox has not changed within GENERATION_TTL_S."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    row: tuple[Any, ...]
+    organization_id: int
+    generation: Generation
+    loaded_at: float
+
+
+_rows: dict[str, _Entry] = {}
+_lock = threading.Lock()
+_clients: dict[str, redis.Redis] = {}
+
+
+def enabled() -> bool:
+    return bool(settings.REDIS_URL)
+
+
+def _prefix() -> str:
+    return settings.CACHES["default"].get("KEY_PREFIX") or "sandpit"
+
+
+def generation_keys(sandbox_id: str) -> list[str]:
+    """The Redis keys whose values make up a sandbox's generation: its own, then the epoch."""
+    return [f"{_prefix()}:sandbox-gen:{sandbox_id}", f"{_prefix()}:sandbox-gen-epoch"]
+
+
+def keys_for_request(method: str, url_kwargs: Mapping[str, Any]) -> list[str]:
+    """Registered with accounts.authentication_reads (SandboxesConfig.ready): a GET that
+    names a sandbox reads its generation in the authentication's round trip."""
+    sandbox_id = url_kwargs.get("sandbox_id")
+    if method != "GET" or not isinstance(sandbox_id, str) or not enabled():
+        return []
+    return generation_keys(sandbox_id)
+
+
+def _client() -> redis.Redis:
+    url = settings.REDIS_URL
+    client = _clients.get(url)
+    if client is None:
+        client = _clients[url] = redis.Redis.from_url(
+            url, socket_timeout=2, socket_connect_timeout=2
+        )
+    return client
+
+
+def sandbox_read(
+    lookup: RowLookup[Sandbox], *, principal: Principal, sandbox_id: str
+) -> Sandbox | None:
+    """`lookup.get(sandbox_id, principal.organization_id)`, answered from this process's
+    entry when the generation read with the caller's authentication matches it."""
+    values = principal.take_values(generation_keys(sandbox_id)) if enabled() else None
+    generation = _generation_of(values) if values is not None else None
+    organization_id = principal.organization_id
+    if generation is not None:
+        entry = _rows.get(sandbox_id)
+        if (
+            entry is not None
+            and entry.generation == generation
+            and entry.organization_id == organization_id
+            and time.monotonic() - entry.loaded_at <= MAX_AGE_S
+        ):
+            return lookup.instance(entry.row)
+    row = lookup.row(sandbox_id, organization_id)
+    if row is None:
+        return None
+    if generation is not None:
+        _store(sandbox_id, _Entry(row, organization_id, generation, time.monotonic()))
+    return lookup.instance(row)
+
+
+def _generation_of(values: Sequence[Any]) -> Generation | None:
+    """None while Redis has no epoch (nothing read under it may be trusted: the epoch is what
+    makes a Redis that lost its data visible); one is written for the next request."""
+    if values[1] is None:
+        try:
+            _client().set(generation_keys("")[1], secrets.token_hex(8), nx=True)
+        except redis.RedisError:
+            logger.warning("sandbox rows: no epoch written; rows are read from the database")
+        return None
+    return values[0], values[1]
+
+
+def _store(sandbox_id: str, entry: _Entry) -> None:
+    with _lock:
+        if len(_rows) >= MAX_ENTRIES:  # bound the memory: forget everything, re-read
+            _rows.clear()
+        _rows[sandbox_id] = entry
+
+
+def forget_all() -> None:
+    """Forget every entry of this process (tests; a generation that could not be written)."""
+    with _lock:
+        _rows.clear()
+
+
+def rows_changed(sandbox_ids: Iterable[str] | None, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Make every process read these sandboxes' rows from the database again (None: every
+    sandbox's): now, and again when the transaction that changes them commits."""
+    if not enabled():
+        return
+    expiry: tuple[str | int, ...]
+    if sandbox_ids is None:  # the epoch, kept until Redis loses it
+        keys, expiry = [generation_keys("")[1]], ()
+    else:
+        keys = [generation_keys(sandbox_id)[0] for sandbox_id in sandbox_ids]
+        expiry = ("EX", GENERATION_TTL_S)
+        if not keys:
+            return
+
+    def write() -> None:
+        token = secrets.token_hex(8)
+        try:
+            for key in keys:
+                redis_scripts.command(_client(), "SET", key, token, *expiry)
+        except redis.RedisError:
+            forget_all()
+            logger.exception("sandbox rows: generation not written; other processes see it late")
+
+    write()
+    if connections[using].in_atomic_block:
+        transaction.on_commit(write, using=using)

@@ -1,0 +1,369 @@
+"""A GET of a sandbox is answered from the row this process read before, once Redis confirms
+that nothing changed it (sandboxes/row_cache.py), and every kind of write is seen by the
+very next read: in this process, in another, and while the write's transaction is open."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from accounts import keycache
+from accounts.models import Organization
+from accounts.principal import Principal
+from common import redis_scripts
+from sandboxes import row_cache
+from sandboxes.activity import sandbox_touch, sandbox_touch_id
+from sandboxes.models import Sandbox, SandboxState
+from sandboxes.provider_access import sandbox_transition
+from sandboxes.selectors import sandbox_get_for_principal
+from tests.conftest import assert_error
+from tests.other_process import run_in_another_process
+from tests.requirements import missing_part
+
+
+@pytest.fixture(autouse=True)
+def _own_generations(settings: Any) -> Iterator[None]:
+    """Generations and epochs under a prefix of this test's own (Redis outlives tests)."""
+    if not settings.REDIS_URL:
+        missing_part("REDIS_URL is not set")
+    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"test-rows-{uuid.uuid4().hex}"}
+    settings.CACHES = {**settings.CACHES, "default": cache}
+    keycache.known_clear()
+    row_cache.forget_all()
+    yield
+    keycache.known_clear()
+    row_cache.forget_all()
+
+
+def _row(organization: Organization, **fields: Any) -> Sandbox:
+    now = timezone.now()
+    values: dict[str, Any] = {
+        "organization": organization,
+        "provider": "local",
+        "state": SandboxState.RUNNING,
+        "timeout_s": 300,
+        "started_at": now,
+        "last_activity_at": now - timedelta(minutes=5),
+        "expires_at": now + timedelta(hours=1),
+        "metadata": {"v": 1},
+    }
+    return Sandbox.objects.create(**(values | fields))
+
+
+def _get(client: APIClient, sandbox_id: str) -> tuple[Any, int]:
+    """(the response, how many statements read the sandbox table) of one GET."""
+    with CaptureQueriesContext(connections["default"]) as queries:
+        response = client.get(f"/api/v1/sandboxes/{sandbox_id}")
+    return response, sum(
+        q["sql"].startswith("SELECT") and '"sandboxes_sandbox"' in q["sql"]
+        for q in queries.captured_queries
+    )
+
+
+def _cached(client: APIClient, sandbox_id: str) -> dict[str, Any]:
+    """Read until served without the database (the key's own cache warms within four
+    requests, the epoch is written by the first), then once more from the cache."""
+    for _ in range(6):
+        response, reads = _get(client, sandbox_id)
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    response, reads = _get(client, sandbox_id)
+    assert (response.status_code, reads) == (200, 0), response.content
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@pytest.fixture
+def cached_row(api_a: APIClient, org_a: Organization) -> Sandbox:
+    """A sandbox's row of organization A, read by A's key until served from the cache."""
+    sandbox = _row(org_a)
+    _cached(api_a, sandbox.id)
+    return sandbox
+
+
+def _fresh(client: APIClient, sandbox_id: str) -> dict[str, Any]:
+    """A GET that must read the database (something changed), and what it answered."""
+    response, reads = _get(client, sandbox_id)
+    assert (response.status_code, reads) == (200, 1), response.content
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@pytest.mark.django_db
+def test_a_repeated_read_is_served_without_the_database_and_equals_a_fresh_one(
+    api_a: APIClient, org_a: Organization
+) -> None:
+    sandbox = _row(org_a)
+    cached = _cached(api_a, sandbox.id)
+    row_cache.forget_all()
+    assert _fresh(api_a, sandbox.id) == cached
+    assert cached["metadata"] == {"v": 1} and cached["state"] == "running"
+
+
+def _save(sandbox: Sandbox) -> None:
+    sandbox.metadata = {"v": 2}
+    sandbox.save()
+
+
+def _queryset_update(sandbox: Sandbox) -> None:
+    Sandbox.objects.filter(organization_id=sandbox.organization_id).update(metadata={"v": 2})
+
+
+def _bulk_update(sandbox: Sandbox) -> None:
+    sandbox.metadata = {"v": 2}
+    Sandbox.objects.bulk_update([sandbox], ["metadata"])
+
+
+def _update_row(sandbox: Sandbox) -> None:
+    Sandbox.objects.filter(state=SandboxState.RUNNING).update_row(sandbox.id, metadata={"v": 2})
+
+
+def _transition_statement(sandbox: Sandbox) -> None:
+    assert sandbox_transition(sandbox, SandboxState.PAUSED, paused_at=timezone.now())
+
+
+def _transition_orm(sandbox: Sandbox) -> None:
+    assert sandbox_transition(
+        sandbox, SandboxState.PAUSED, where={"provider": "local"}, paused_at=timezone.now()
+    )
+
+
+def _touch(sandbox: Sandbox) -> None:
+    sandbox_touch(Sandbox.objects.get(pk=sandbox.pk))
+
+
+def _touch_id(sandbox: Sandbox) -> None:
+    sandbox_touch_id(sandbox.id)
+
+
+WRITES: dict[str, Callable[[Sandbox], None]] = {
+    "save": _save,
+    "queryset-update": _queryset_update,
+    "bulk-update": _bulk_update,
+    "update-row": _update_row,
+    "transition-statement": _transition_statement,
+    "transition-orm": _transition_orm,
+    "activity": _touch,
+    "activity-by-id": _touch_id,
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("write", WRITES.values(), ids=WRITES.keys())
+def test_every_kind_of_write_is_seen_by_the_next_read(
+    api_a: APIClient, org_a: Organization, write: Callable[[Sandbox], None]
+) -> None:
+    sandbox = _row(org_a)
+    before = _cached(api_a, sandbox.id)
+    write(sandbox)
+    after = _fresh(api_a, sandbox.id)
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed, (before, after)
+    expected = Sandbox.objects.get(pk=sandbox.pk)
+    assert after["metadata"] == expected.metadata and after["state"] == expected.state
+    assert _cached(api_a, sandbox.id) == after
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["model", "queryset"])
+def test_a_deleted_row_is_not_found_by_the_next_read(
+    api_a: APIClient, cached_row: Sandbox, how: str
+) -> None:
+    sandbox = cached_row
+    if how == "model":
+        sandbox.delete()
+    else:
+        Sandbox.objects.filter(pk=sandbox.pk).delete()
+    assert_error(api_a.get(f"/api/v1/sandboxes/{sandbox.id}"), 404, "sandbox_not_found")
+
+
+@pytest.mark.django_db
+def test_another_organization_never_gets_a_cached_row(
+    api_a: APIClient, api_b: APIClient, cached_row: Sandbox
+) -> None:
+    sandbox = cached_row
+    for _ in range(5):  # org B's key warm in its own cache too
+        assert_error(api_b.get(f"/api/v1/sandboxes/{sandbox.id}"), 404, "sandbox_not_found")
+        assert_error(api_b.get(f"/api/v1/sandboxes/{sandbox.id}/stats"), 404)
+
+
+@pytest.mark.django_db
+def test_a_change_landing_right_after_the_database_read_is_not_hidden(
+    api_a: APIClient, cached_row: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry keeps the generation read with the authentication, before the database
+    read: a change (and its new generation) that lands after the read makes the next request
+    read again, though the entry holds the old row."""
+    from sandboxes.selectors import SANDBOX_BY_ID_AND_ORGANIZATION as lookup
+
+    sandbox = cached_row
+    sandbox_touch_id(sandbox.id)  # the entry is stale; the next read re-reads
+    read_row = lookup.row
+
+    def read_then_changed(*params: str | int, using: str = "default") -> Any:
+        row = read_row(*params, using=using)
+        Sandbox.objects.update_row(sandbox.id, metadata={"v": 3})
+        return row
+
+    monkeypatch.setattr(lookup, "row", read_then_changed)
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 1}  # read before the change
+    monkeypatch.setattr(lookup, "row", read_row)
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 3}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_read_while_a_transaction_changes_it_is_read_again_after_its_commit(
+    api_a: APIClient, cached_row: Sandbox
+) -> None:
+    """Inside the transaction the change's generation is written at once; a request on
+    another connection then reads the committed (old) row under that new generation. The
+    generation written again at commit is what makes the next read see the change."""
+    sandbox = cached_row
+    seen: dict[str, Any] = {}
+
+    def read_on_another_connection() -> None:
+        try:
+            seen["during"] = _get(api_a, sandbox.id)[0].json()
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Sandbox.objects.update_row(sandbox.id, metadata={"v": 4})
+        reader = threading.Thread(target=read_on_another_connection)
+        reader.start()
+        reader.join()
+    assert seen["during"]["metadata"] == {"v": 1}  # the committed row, then
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 4}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_made_in_another_process_is_seen_at_once(
+    api_a: APIClient, cached_row: Sandbox
+) -> None:
+    sandbox = cached_row
+    run_in_another_process(
+        "from sandboxes.provider_access import sandbox_transition; "
+        "from sandboxes.models import Sandbox; "
+        f"assert sandbox_transition(Sandbox.objects.get(pk='{sandbox.id}'), 'stopped')"
+    )
+    assert _fresh(api_a, sandbox.id)["state"] == "stopped"
+
+
+@pytest.mark.django_db
+def test_redis_losing_its_data_makes_every_read_go_to_the_database(
+    api_a: APIClient, cached_row: Sandbox
+) -> None:
+    sandbox = cached_row
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(*row_cache.generation_keys(sandbox.id))  # a Redis restarted empty
+    # A change Redis never heard of: written behind every generation's back.
+    from django.db.models import QuerySet
+
+    QuerySet.update(Sandbox.objects.filter(pk=sandbox.pk), metadata={"v": 5})
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 5}
+
+
+@pytest.mark.django_db
+def test_a_generation_that_cannot_be_written_makes_this_process_forget_its_rows(
+    api_a: APIClient, cached_row: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox = cached_row
+
+    def unreachable(*args: object) -> object:
+        raise redis.ConnectionError("Redis is down")
+
+    monkeypatch.setattr(redis_scripts, "command", unreachable)
+    Sandbox.objects.update_row(sandbox.id, metadata={"v": 6})
+    monkeypatch.undo()
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 6}
+
+
+@pytest.mark.django_db
+def test_an_entry_is_trusted_only_for_its_maximum_age(
+    api_a: APIClient, cached_row: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox = cached_row
+    monkeypatch.setattr(row_cache, "MAX_AGE_S", -1.0)
+    _fresh(api_a, sandbox.id)
+    _fresh(api_a, sandbox.id)
+
+
+@pytest.mark.django_db
+def test_without_redis_every_read_goes_to_the_database(
+    api_a: APIClient,
+    org_a: Organization,
+    settings: Any,
+) -> None:
+    settings.REDIS_URL = ""
+    sandbox = _row(org_a)
+    for _ in range(4):
+        _fresh(api_a, sandbox.id)
+    Sandbox.objects.update_row(sandbox.id, metadata={"v": 7})  # no Redis to tell
+    assert _fresh(api_a, sandbox.id)["metadata"] == {"v": 7}
+
+
+@pytest.mark.django_db
+def test_a_served_instance_is_the_callers_own(org_a: Organization) -> None:
+    """A view may change the instance it gets (or its metadata's dict): the next request's
+    is built afresh from the row."""
+    sandbox = _row(org_a)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = row_cache.generation_keys(sandbox.id)
+    row_cache.rows_changed(None)  # an epoch to trust
+
+    def read() -> Sandbox:
+        principal = Principal(
+            organization_id=org_a.pk,
+            read=dict(zip(keys, redis_scripts.command(client, "MGET", *keys), strict=True)),
+        )
+        return sandbox_get_for_principal(
+            principal=principal, sandbox_id=sandbox.id, with_organization=False
+        )
+
+    first = read()
+    first.metadata["v"] = 99
+    first.state = SandboxState.ERROR
+    with CaptureQueriesContext(connections["default"]) as queries:
+        second = read()
+    assert not queries.captured_queries  # from the entry
+    assert second.metadata == {"v": 1} and second.state == SandboxState.RUNNING
+    assert second is not first and second.metadata is not first.metadata
+
+
+def test_only_a_get_naming_a_sandbox_reads_a_generation() -> None:
+    assert row_cache.keys_for_request("GET", {"sandbox_id": "sb_1"}) == (
+        row_cache.generation_keys("sb_1")
+    )
+    assert row_cache.keys_for_request("POST", {"sandbox_id": "sb_1"}) == []
+    assert row_cache.keys_for_request("GET", {}) == []
+    assert row_cache.keys_for_request("GET", {"sandbox_id": 7}) == []
+
+
+@pytest.mark.django_db
+def test_a_timeout_set_through_the_api_is_seen_by_the_next_read(
+    api_a: APIClient, sandbox_a: dict[str, Any]
+) -> None:
+    sandbox_id = sandbox_a["id"]
+    before = _cached(api_a, sandbox_id)
+    response = api_a.post(
+        f"/api/v1/sandboxes/{sandbox_id}/timeout", {"timeout_s": 4321}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    after = _fresh(api_a, sandbox_id)
+    assert (before["timeout_s"], after["timeout_s"]) != (4321, 4321)
+    assert after["timeout_s"] == 4321
+    destroyed = api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
+    assert destroyed.status_code == 200, destroyed.content
+    assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
