@@ -59,6 +59,11 @@ def create_org_and_key(env: dict[str, str], slug: str = "bench") -> str:
         "from accounts.services import api_key_create;"
         f"org,_=Organization.objects.get_or_create(slug='{slug}',defaults={{'name':'Bench','plan':'premium'}});"
         "org.plan='premium';org.save();"
+        # A run that crashed left its sandboxes' rows live (their servers and jails are
+        # gone), and they would count against the organization's limit in this run.
+        "from sandboxes.models import Sandbox;"
+        "Sandbox.objects.filter(organization=org).exclude(state='destroyed')"
+        ".update(state='destroyed',destroy_reason='bench');"
         "print(api_key_create(organization=org,name='bench').secret)"
     )
     out = subprocess.run(
