@@ -55,6 +55,9 @@ be written (Redis unreachable at that moment)."""
 GENERATION_TTL_S = 3600
 """How long Redis keeps a sandbox's generation (a key per sandbox changed in that time)."""
 MAX_ENTRIES = 10_000
+MAX_TEXT_CHARS = 4_000_000
+"""Bound on the text the entries hold together (a sandbox's metadata alone may be 16 KB):
+with MAX_ENTRIES, what keeps a process's memory bounded whatever its clients store."""
 
 Generation = tuple[Any, Any]
 """(the sandbox's generation, the epoch) as Redis returned them; the first None while the
@@ -70,6 +73,7 @@ class _Entry:
 
 
 _rows: dict[str, _Entry] = {}
+_text_chars = 0
 _lock = threading.Lock()
 _clients: dict[str, redis.Redis] = {}
 
@@ -143,17 +147,36 @@ def _generation_of(values: Sequence[Any]) -> Generation | None:
     return values[0], values[1]
 
 
+def _text_of(row: tuple[Any, ...]) -> int:
+    return sum(len(value) for value in row if isinstance(value, str | bytes))
+
+
 def _store(sandbox_id: str, entry: _Entry) -> None:
+    global _text_chars
+    size = _text_of(entry.row)
     with _lock:
-        if len(_rows) >= MAX_ENTRIES:  # bound the memory: forget everything, re-read
-            _rows.clear()
+        replaced = _rows.get(sandbox_id)
+        if replaced is not None:
+            _text_chars -= _text_of(replaced.row)
+        if len(_rows) >= MAX_ENTRIES or _text_chars + size > MAX_TEXT_CHARS:
+            _rows.clear()  # bound the memory: forget everything, re-read
+            _text_chars = 0
         _rows[sandbox_id] = entry
+        _text_chars += size
 
 
 def forget_all() -> None:
     """Forget every entry of this process (tests; a generation that could not be written)."""
+    global _text_chars
     with _lock:
         _rows.clear()
+        _text_chars = 0
+
+
+def held() -> tuple[int, int]:
+    """(entries, characters of text) this process holds."""
+    with _lock:
+        return len(_rows), _text_chars
 
 
 def rows_changed(sandbox_ids: Iterable[str] | None, using: str = DEFAULT_DB_ALIAS) -> None:

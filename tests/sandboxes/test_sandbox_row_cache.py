@@ -367,3 +367,32 @@ def test_a_timeout_set_through_the_api_is_seen_by_the_next_read(
     destroyed = api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
     assert destroyed.status_code == 200, destroyed.content
     assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
+
+
+@pytest.mark.django_db
+def test_the_rows_held_stay_within_their_bounds_whatever_clients_store(
+    org_a: Organization, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metadata of up to 16 KB per sandbox, many sandboxes: the entries and the text they
+    hold stay under their limits (the process forgets them all and reads again), and every
+    read still answers the row as stored."""
+    monkeypatch.setattr(row_cache, "MAX_TEXT_CHARS", 40_000)
+    monkeypatch.setattr(row_cache, "MAX_ENTRIES", 5)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    row_cache.rows_changed(None)  # an epoch to trust
+    rows = [_row(org_a, metadata={"blob": f"{n}" * 15_000}) for n in range(12)]
+    most = (0, 0)
+    for _ in range(2):
+        for sandbox in rows:
+            keys = row_cache.generation_keys(sandbox.id)
+            principal = Principal(
+                organization_id=org_a.pk,
+                read=dict(zip(keys, redis_scripts.command(client, "MGET", *keys), strict=True)),
+            )
+            read = sandbox_get_for_principal(
+                principal=principal, sandbox_id=sandbox.id, with_organization=False
+            )
+            assert read.metadata == sandbox.metadata
+            entries, chars = row_cache.held()
+            most = (max(most[0], entries), max(most[1], chars))
+    assert 0 < most[0] <= 5 and 30_000 < most[1] <= 40_000, most
