@@ -47,6 +47,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -542,6 +543,8 @@ def main() -> None:
         meter.remove()
         for one in served:  # the servers destroyed their jails; the directories may stay
             if one.jails is not None:
+                if os.path.ismount(one.jails):  # held in memory (SANDPIT_LOCAL_ROOT_IN_MEMORY)
+                    subprocess.run(["umount", "--lazy", str(one.jails)], check=False)
                 shutil.rmtree(one.jails, ignore_errors=True)
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
     pool = "server default" if args.warm_pool is None else str(args.warm_pool)

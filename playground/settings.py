@@ -311,6 +311,9 @@ SANDPIT_DEFAULT_PROVIDER = env_str(
     "SANDPIT_DEFAULT_PROVIDER", SANDPIT_PROVIDERS[0] if SANDPIT_PROVIDERS else "local"
 )
 SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes")))
+# As root, a new (empty) jail root is mounted as a tmpfs: the jails' directories and state
+# are made and removed in memory, not journaled on the disk (volume.root_in_memory).
+SANDPIT_LOCAL_ROOT_IN_MEMORY = env_bool("SANDPIT_LOCAL_ROOT_IN_MEMORY", True)
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 8)
 # ... and how many it may grow to after creates found it empty (a burst), refilled at idle

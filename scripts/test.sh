@@ -53,6 +53,10 @@ export SANDPIT_DOCKER_POOL_MAX=${SANDPIT_DOCKER_POOL_MAX:-1}
 # (tests/sandboxes/test_local_warm_pool.py tests the pool and its growth).
 export SANDPIT_LOCAL_WARM_POOL=${SANDPIT_LOCAL_WARM_POOL:-2}
 export SANDPIT_LOCAL_WARM_POOL_MAX=${SANDPIT_LOCAL_WARM_POOL_MAX:-2}
+# Jail roots stay on the disk: the suite makes a root per test and removes it, and a tmpfs
+# mounted on each would outlive it (tests/sandboxes/test_local_root_in_memory.py mounts and
+# detaches its own).
+export SANDPIT_LOCAL_ROOT_IN_MEMORY=${SANDPIT_LOCAL_ROOT_IN_MEMORY:-false}
 export SANDPIT_ARTIFACTS=${SANDPIT_ARTIFACTS:-$PWD/var/test-artifacts}
 # Local jails run as unprivileged host uids that must pass through every directory above their
 # root; a checkout may sit under a private (0700) directory, so tests keep jails elsewhere.

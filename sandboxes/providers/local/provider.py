@@ -94,11 +94,14 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         create_concurrency: int = 0,
         warm_pool_max: int = 0,
         launch_apart: bool = True,
+        root_in_memory: bool = False,
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
         self.max_file_bytes = max_file_bytes
         self.root_dir.mkdir(parents=True, exist_ok=True)
+        # Before anything is written under it: only an empty root is mounted over.
+        self.root_in_memory = root_in_memory and volume.root_in_memory(self.root_dir)
         # Jail uids may pass through (not list) the root to reach their own directory.
         os.chmod(self.root_dir, 0o711)  # noqa: S103 - passable by jail uids, not listable
         shared = self.root_dir / ".sandpit"
