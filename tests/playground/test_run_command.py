@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from sandboxes.providers.local import volume
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +31,7 @@ def _wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untype
 def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
     port = free_port()
     var_dir = tmp_path / "var"
+    jails = Path("/tmp") / f"sp-run-{port}"
     env = {
         key: value
         for key, value in os.environ.items()
@@ -38,7 +40,10 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
     env.update(
         SANDPIT_VAR_DIR=str(var_dir),
         SANDPIT_SQLITE_PATH=str(var_dir / "db.sqlite3"),
-        SANDPIT_LOCAL_ROOT=str(Path("/tmp") / f"sp-run-{port}"),
+        SANDPIT_LOCAL_ROOT=str(jails),
+        # The product's default, which the suite turns off (scripts/test.sh): the web
+        # processes and the embedded worker share a root held in memory.
+        SANDPIT_LOCAL_ROOT_IN_MEMORY="true",
         SANDPIT_PORT=str(port),
         SANDPIT_REAP_INTERVAL_S="1",
     )
@@ -115,9 +120,14 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
             return body["state"] == "destroyed" and body["destroy_reason"] == "max_lifetime"
 
         _wait_for(reaped, 60, "the embedded worker to reap the sandbox")
+        # The worker removed what the web process made, on the one root they share.
+        assert not (jails / sandbox_id).exists()
+        if os.geteuid() == 0:
+            assert volume.on_tmpfs(jails)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        volume.release_root(jails)
