@@ -6,12 +6,14 @@ An organization is the tenant: sandboxes, usage and invoices belong to it.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.contrib.auth.base_user import BaseUserManager
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.utils import timezone
+
+from .signals import organizations_changed
 
 
 class UserManager(BaseUserManager["User"]):
@@ -58,6 +60,20 @@ class Plan(models.TextChoices):
     PREMIUM = "premium", "Premium"
 
 
+class OrganizationQuerySet(models.QuerySet["Organization"]):
+    def update(self, **kwargs: Any) -> int:
+        count = super().update(**kwargs)
+        if count:
+            organizations_changed.send(sender=Organization, using=self.db)
+        return count
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        deleted = super().delete()
+        if deleted[0]:
+            organizations_changed.send(sender=Organization, using=self.db)
+        return deleted
+
+
 class Organization(models.Model):
     """The tenant. Everything billable and every sandbox belongs to exactly one."""
 
@@ -82,6 +98,8 @@ class Organization(models.Model):
         "SANDPIT_DOCKER_RUNTIME. runsc requires gVisor for every sandbox of the organization.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = OrganizationQuerySet.as_manager()
 
     def __str__(self) -> str:
         return self.slug

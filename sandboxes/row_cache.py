@@ -1,10 +1,11 @@
-"""Sandbox rows this process has read for a GET, and the generations in Redis that say when
-to read them again.
+"""Sandbox rows this process has read for a request naming a sandbox, and the generations in
+Redis that say when to read them again.
 
-A GET of a sandbox (its state, its gauges) read the row from PostgreSQL on every request: a
-pooled connection taken and given back, a round trip, and its two system calls that each let
-go of the GIL. With ten clients reading at once that was a quarter of the read's CPU. A
-process now keeps the rows it read (as the driver returned them: nothing mutable) and serves
+Every request on a sandbox read its row from PostgreSQL (with its organization's, joined, for
+an operation that bills): a pooled connection taken and given back, a round trip, and its two
+system calls that each let go of the GIL. With ten clients reading at once that was a quarter
+of a GET's CPU, and about an eighth of a command's. A process now keeps the rows it read (as
+the driver returned them: nothing mutable), the plain and the joined one apart, and serves
 one again only once Redis confirms that nothing changed it. The confirmation rides in the
 round trip that authenticates the API key and counts the request for the rate limit
 (accounts/authentication_reads.py): the request's own keys are the sandbox's generation and
@@ -13,10 +14,13 @@ an epoch.
 Every write to a sandbox's row writes a new random generation for it (`rows_changed`): at
 once, and again when its transaction commits when it runs inside one (a process that read
 the row in between saw the old one). The model's save and delete, and the queryset updates
-that name their rows (`SandboxQuerySet.update_rows`), do it; any other queryset update or
+that name their rows (`SandboxQuerySet.update_row`), do it; any other queryset update or
 delete (which cannot say which rows it changed) writes a new epoch, which makes every process
-read every sandbox again. An entry is stored only with the generation read *before* the
-database read it holds, so a change landing between the two is never hidden.
+read every sandbox again. So does any change of an organization (its save or delete, and a
+queryset update or delete, which send accounts.models.organizations_changed): the joined rows
+hold its plan, cap and settings, and organizations change seldom. An entry is stored only
+with the generation read *before* the database read it holds, so a change landing between the
+two is never hidden.
 
 Generations expire after GENERATION_TTL_S, far longer than an entry is trusted (MAX_AGE_S),
 so an expired generation can never match an entry made before the change it recorded. If
@@ -38,7 +42,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 
+from accounts.signals import organizations_changed
 from common import redis_scripts
 from common.rows import RowLookup
 
@@ -72,7 +79,8 @@ class _Entry:
     loaded_at: float
 
 
-_rows: dict[str, _Entry] = {}
+_rows: dict[tuple[str, str], _Entry] = {}
+"""By (the lookup's join, "" for none; the sandbox's id)."""
 _text_chars = 0
 _lock = threading.Lock()
 _clients: dict[str, redis.Redis] = {}
@@ -92,10 +100,11 @@ def generation_keys(sandbox_id: str) -> list[str]:
 
 
 def keys_for_request(method: str, url_kwargs: Mapping[str, Any]) -> list[str]:
-    """Registered with accounts.authentication_reads (SandboxesConfig.ready): a GET that
-    names a sandbox reads its generation in the authentication's round trip."""
+    """Registered with accounts.authentication_reads (SandboxesConfig.ready): a request that
+    names a sandbox reads its generation in the authentication's round trip (whatever its
+    method: a GET reads the row, an operation the row with its organization's)."""
     sandbox_id = url_kwargs.get("sandbox_id")
-    if method != "GET" or not isinstance(sandbox_id, str) or not enabled():
+    if not isinstance(sandbox_id, str) or not enabled():
         return []
     return generation_keys(sandbox_id)
 
@@ -118,8 +127,9 @@ def sandbox_read(
     values = principal.take_values(generation_keys(sandbox_id)) if enabled() else None
     generation = _generation_of(values) if values is not None else None
     organization_id = principal.organization_id
+    key = (lookup.join or "", sandbox_id)
     if generation is not None:
-        entry = _rows.get(sandbox_id)
+        entry = _rows.get(key)
         if (
             entry is not None
             and entry.generation == generation
@@ -131,7 +141,7 @@ def sandbox_read(
     if row is None:
         return None
     if generation is not None:
-        _store(sandbox_id, _Entry(row, organization_id, generation, time.monotonic()))
+        _store(key, _Entry(row, organization_id, generation, time.monotonic()))
     return lookup.instance(row)
 
 
@@ -151,17 +161,17 @@ def _text_of(row: tuple[Any, ...]) -> int:
     return sum(len(value) for value in row if isinstance(value, str | bytes))
 
 
-def _store(sandbox_id: str, entry: _Entry) -> None:
+def _store(key: tuple[str, str], entry: _Entry) -> None:
     global _text_chars
     size = _text_of(entry.row)
     with _lock:
-        replaced = _rows.get(sandbox_id)
+        replaced = _rows.get(key)
         if replaced is not None:
             _text_chars -= _text_of(replaced.row)
         if len(_rows) >= MAX_ENTRIES or _text_chars + size > MAX_TEXT_CHARS:
             _rows.clear()  # bound the memory: forget everything, re-read
             _text_chars = 0
-        _rows[sandbox_id] = entry
+        _rows[key] = entry
         _text_chars += size
 
 
@@ -205,3 +215,13 @@ def rows_changed(sandbox_ids: Iterable[str] | None, using: str = DEFAULT_DB_ALIA
     write()
     if connections[using].in_atomic_block:
         transaction.on_commit(write, using=using)
+
+
+# The model by name: this module is imported before the app registry is ready.
+@receiver(post_save, sender="accounts.Organization", dispatch_uid="sandboxes.row_cache.org_saved")
+@receiver(post_delete, sender="accounts.Organization", dispatch_uid="sandboxes.row_cache.org_gone")
+@receiver(organizations_changed, dispatch_uid="sandboxes.row_cache.organizations_changed")
+def _organization_changed(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    """An organization's row rides in the entries of operations (joined): read them all
+    again."""
+    rows_changed(None, using=using)

@@ -1,6 +1,8 @@
-"""A GET of a sandbox is answered from the row this process read before, once Redis confirms
-that nothing changed it (sandboxes/row_cache.py), and every kind of write is seen by the
-very next read: in this process, in another, and while the write's transaction is open."""
+"""A request on a sandbox is answered from the row this process read before (a GET's, or an
+operation's with its organization's), once Redis confirms that nothing changed it
+(sandboxes/row_cache.py), and every kind of write, to the sandbox or to its organization, is
+seen by the very next read: in this process, in another, and while the write's transaction
+is open."""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts import keycache
+from accounts import services as accounts_services
 from accounts.models import Organization
 from accounts.principal import Principal
+from billing import services as billing_services
 from common import redis_scripts
+from common.errors import NotFound
 from sandboxes import row_cache
 from sandboxes.activity import sandbox_touch, sandbox_touch_id
 from sandboxes.models import Sandbox, SandboxState
@@ -342,13 +347,158 @@ def test_a_served_instance_is_the_callers_own(org_a: Organization) -> None:
     assert second is not first and second.metadata is not first.metadata
 
 
-def test_only_a_get_naming_a_sandbox_reads_a_generation() -> None:
-    assert row_cache.keys_for_request("GET", {"sandbox_id": "sb_1"}) == (
-        row_cache.generation_keys("sb_1")
-    )
-    assert row_cache.keys_for_request("POST", {"sandbox_id": "sb_1"}) == []
-    assert row_cache.keys_for_request("GET", {}) == []
+def test_a_request_naming_a_sandbox_reads_its_generation_whatever_its_method() -> None:
+    for method in ("GET", "POST", "PUT", "DELETE"):
+        assert row_cache.keys_for_request(method, {"sandbox_id": "sb_1"}) == (
+            row_cache.generation_keys("sb_1")
+        )
+    assert row_cache.keys_for_request("POST", {}) == []
     assert row_cache.keys_for_request("GET", {"sandbox_id": 7}) == []
+
+
+def _operation_read(organization: Organization, sandbox_id: str) -> tuple[Sandbox, int]:
+    """An operation's read of a sandbox (with its organization's row, for billing), as a
+    request authenticated through Redis makes it; and how many statements it took, giving
+    the principal's organization to billing included."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = row_cache.generation_keys(sandbox_id)
+    principal = Principal(
+        organization_id=organization.pk,
+        read=dict(zip(keys, redis_scripts.command(client, "MGET", *keys), strict=True)),
+    )
+    with CaptureQueriesContext(connections["default"]) as queries:
+        sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
+        assert principal.organization is sandbox.organization
+    return sandbox, len(queries.captured_queries)
+
+
+@pytest.mark.django_db
+def test_an_operations_read_with_its_organization_is_served_from_the_cache(
+    org_a: Organization,
+) -> None:
+    sandbox = _row(org_a)
+    row_cache.rows_changed(None)  # an epoch to trust
+    fresh, reads = _operation_read(org_a, sandbox.id)
+    assert reads == 1
+    cached, reads = _operation_read(org_a, sandbox.id)
+    assert reads == 0
+    assert cached is not fresh and cached.organization is not fresh.organization
+    for name in ("plan", "spending_cap_cents", "max_concurrent_sandboxes", "allow_network"):
+        assert getattr(cached.organization, name) == getattr(org_a, name)
+    assert (cached.state, cached.metadata) == (fresh.state, fresh.metadata)
+
+
+@pytest.mark.django_db
+def test_a_reads_plain_row_and_an_operations_joined_row_are_kept_apart(
+    api_a: APIClient, cached_row: Sandbox, org_a: Organization
+) -> None:
+    """A GET's entry holds no organization: an operation reads its own, and each is then
+    served from its entry."""
+    _, reads = _operation_read(org_a, cached_row.id)
+    assert reads == 1
+    assert _operation_read(org_a, cached_row.id)[1] == 0
+    assert _get(api_a, cached_row.id)[1] == 0
+
+
+def _cap_set(organization: Organization) -> None:
+    billing_services.organization_spending_cap_set(organization=organization, cap_cents=0)
+
+
+def _settings_update(organization: Organization) -> None:
+    accounts_services.organization_settings_set(
+        actor=organization.memberships.get(role="owner").user,
+        organization=organization,
+        allow_network=True,
+    )
+
+
+def _org_queryset_update(organization: Organization) -> None:
+    Organization.objects.filter(pk=organization.pk).update(max_concurrent_sandboxes=3)
+
+
+def _org_bulk_update(organization: Organization) -> None:
+    organization.plan = "free"
+    Organization.objects.bulk_update([organization], ["plan"])
+
+
+ORGANIZATION_WRITES: dict[str, Callable[[Organization], None]] = {
+    "save": _cap_set,
+    "settings-service": _settings_update,
+    "queryset-update": _org_queryset_update,
+    "bulk-update": _org_bulk_update,
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("write", ORGANIZATION_WRITES.values(), ids=ORGANIZATION_WRITES.keys())
+def test_every_kind_of_write_to_the_organization_is_seen_by_the_next_operation(
+    org_a: Organization, write: Callable[[Organization], None]
+) -> None:
+    sandbox = _row(org_a)
+    row_cache.rows_changed(None)
+    _operation_read(org_a, sandbox.id)
+    before, reads = _operation_read(org_a, sandbox.id)
+    assert reads == 0
+    write(Organization.objects.get(pk=org_a.pk))
+    after, reads = _operation_read(org_a, sandbox.id)
+    assert reads == 1
+    expected = Organization.objects.get(pk=org_a.pk)
+    fields = ("plan", "spending_cap_cents", "max_concurrent_sandboxes", "allow_network")
+    assert [getattr(before.organization, name) for name in fields] != [
+        getattr(expected, name) for name in fields
+    ]
+    assert [getattr(after.organization, name) for name in fields] == [
+        getattr(expected, name) for name in fields
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["model", "queryset"])
+def test_a_deleted_organizations_sandbox_is_not_found_by_the_next_operation(
+    org_a: Organization, how: str
+) -> None:
+    sandbox = _row(org_a)
+    row_cache.rows_changed(None)
+    _operation_read(org_a, sandbox.id)
+    assert _operation_read(org_a, sandbox.id)[1] == 0
+    if how == "model":
+        Organization.objects.get(pk=org_a.pk).delete()
+    else:
+        Organization.objects.filter(pk=org_a.pk).delete()
+    with pytest.raises(NotFound):
+        _operation_read(org_a, sandbox.id)
+
+
+@pytest.mark.django_db
+def test_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
+    api_a: APIClient, sandbox_a: dict[str, Any], org_a: Organization
+) -> None:
+    """Through the API on a real sandbox: a command after the first reads neither the
+    sandbox's row nor its organization's, and billing still sees a cap set meanwhile at
+    once (the cap's save writes a new epoch)."""
+    sandbox_id = sandbox_a["id"]
+    url = f"/api/v1/sandboxes/{sandbox_id}/commands"
+
+    def command() -> tuple[Any, int]:
+        with CaptureQueriesContext(connections["default"]) as queries:
+            response = api_a.post(url, {"command": "echo", "args": ["hi"]}, format="json")
+        return response, sum(
+            q["sql"].startswith("SELECT")
+            and ('"sandboxes_sandbox"' in q["sql"] or '"accounts_organization"' in q["sql"])
+            for q in queries.captured_queries
+        )
+
+    for _ in range(6):
+        response, reads = command()
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    assert reads == 0
+    assert response.json()["stdout"] == "hi\n"
+    _cap_set(Organization.objects.get(pk=org_a.pk))
+    response, reads = command()
+    assert_error(response, 402, "spending_cap_reached")
+    assert reads >= 1
 
 
 @pytest.mark.django_db
