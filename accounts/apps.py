@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from .authentication_reads import read_at_authentication
+
 
 class AccountsConfig(AppConfig):
     name = "accounts"
@@ -7,5 +9,8 @@ class AccountsConfig(AppConfig):
 
     def ready(self) -> None:
         # Django's place for signal receivers: a changed or deleted API key is re-read by
-        # every process that cached it.
-        from . import keycache  # noqa: F401
+        # every process that cached it, and a changed organization likewise (orgcache), the
+        # epoch that says so riding in the authentication's round trip.
+        from . import keycache, orgcache  # noqa: F401
+
+        read_at_authentication(orgcache.keys_for)

@@ -10,8 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.rows import RowLookup
-
+from . import orgcache
 from .models import MANAGER_ROLES, ApiKey, Organization, User
 from .tokens import SandboxTokenClaims
 
@@ -33,7 +32,8 @@ class Principal:
 
     `organization` is loaded on first use when only its id is known (an API key confirmed
     from the per-process cache): a read that needs only the id, such as a sandbox lookup,
-    makes no query for it, and a view that does use it gets the current row."""
+    makes no query for it, and a view that does use it gets the current row (from this
+    process's copy while Redis confirms no organization changed: accounts/orgcache.py)."""
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class Principal:
     @property
     def organization(self) -> Organization:
         if self._organization is None:
-            organization = ORGANIZATION_BY_ID.get(self.organization_id)
+            organization = orgcache.organization_read(self)
             if organization is None:
                 raise Organization.DoesNotExist("Organization matching query does not exist.")
             self._organization = organization
@@ -103,12 +103,6 @@ class Principal:
 
     def has_scope(self, scope: str) -> bool:
         return self.token is None or scope in self.token.scopes
-
-
-ORGANIZATION_BY_ID = RowLookup(Organization, "pk")
-"""`Organization.objects.get(pk=...)`, written once (common/rows.py): a create loads the
-organization (billing reads its plan and cap); an operation on a sandbox gets it joined to
-the sandbox's row instead (sandboxes/selectors.py)."""
 
 
 class MachineUser:

@@ -123,6 +123,9 @@ FUNCTION_LEVEL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     ("accounts/apps.py", "accounts.keycache"): (
         "AppConfig.ready(), Django's place to connect signal receivers"
     ),
+    ("accounts/apps.py", "accounts.orgcache"): (
+        "AppConfig.ready(), Django's place to connect signal receivers and register extensions"
+    ),
     ("billing/apps.py", "billing.metering"): (
         "AppConfig.ready(), Django's place to register extensions (what authentication reads)"
     ),

@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import Organization
-from accounts.principal import ORGANIZATION_BY_ID, Principal
+from accounts.orgcache import ORGANIZATION_BY_ID
+from accounts.principal import Principal
 from common.rows import RowInsert, RowLookup
 from sandboxes.models import Sandbox
 from sandboxes.services import SANDBOX_INSERT
