@@ -32,11 +32,13 @@ at the end are other products' published numbers, for context only.
 CPU per sandbox (local, as root on cgroup v1): the server runs in a cpuacct cgroup of its own,
 which its jails nest under, and the floors' processes in another, so the table also says
 what one sandbox costs in CPU-ms (web processes' own Python, and everything else: bwrap, the
-agent, node, the kernel's work for them) beside one raw spawn. Latency on a shared 2-core host
-swings with the neighbours' load; CPU per sandbox hardly does. For each burst the last column
-is the most CPU-ms a sandbox may cost if the burst is to meet the target on this machine's
-cores whatever the server's scheduling (burst_cpu_budget): the refills of a warm pool in the
-window count in "all", so "web processes" is the firmer figure to hold against it.
+agent, node, the kernel's work for them) beside one raw spawn. PostgreSQL and Redis run
+outside it, on the same cores: their CPU in the window is a column of its own (not in
+"all"). Latency on a shared 2-core host swings with the neighbours' load; CPU per sandbox
+hardly does. For each burst, "at most, for the 2x target" is the most CPU-ms a sandbox may
+cost if the burst is to meet the target on this machine's cores whatever the server's
+scheduling (burst_cpu_budget): the refills of a warm pool in the window count in "all", so
+"web processes" is the firmer figure to hold against it.
 """
 
 from __future__ import annotations
@@ -171,9 +173,29 @@ async def destroy_all(client: Any, created: list[str]) -> None:
 
 
 _CPUACCT = "/sys/fs/cgroup/cpuacct"
-Sample = tuple[float, float, float, float]
+Sample = tuple[float, float, float, float, float]
 """CPU seconds so far: the server's cgroup, its web processes alone, the floors' processes,
-and this process (the load generator)."""
+this process (the load generator), and the machine's PostgreSQL and Redis processes."""
+SERVICES = ("postgres", "redis-server")
+"""Process names of the services every server of the run shares (outside its cgroup)."""
+
+
+def services_cpu_s() -> float:
+    """CPU seconds so far of every PostgreSQL and Redis process on the machine (those
+    running now: a connection's backend that exited took its CPU along, so a window's
+    figure is a floor)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as comm:
+                if comm.read().strip() not in SERVICES:
+                    continue
+        except OSError:
+            continue
+        total += process_cpu_s(int(entry))
+    return total
 
 
 @dataclass
@@ -226,7 +248,7 @@ class CpuMeter:
         floors = int((self.floors / "cpuacct.usage").read_text()) / 1e9 if self.floors else 0.0
         own = resource.getrusage(resource.RUSAGE_SELF)
         client = own.ru_utime + own.ru_stime
-        return server, web, floors - client, client
+        return server, web, floors - client, client, services_cpu_s()
 
     def remove(self) -> None:
         """Remove the cgroups, with the (empty) ones the servers' providers made below."""
@@ -256,10 +278,13 @@ def cpu_row(
     count: int,
     budget: float | None = None,
     floors_count: int | None = None,
+    shared_services: str | None = None,
 ) -> tuple[str, ...] | None:
     """CPU-ms per sandbox over the `product` window (`count` sandboxes), and per raw spawn
     over `floor`'s (`floors_count` spawns, default `count`); `budget`: the most CPU-ms per
-    sandbox the burst target leaves (burst_cpu_budget)."""
+    sandbox the burst target leaves (burst_cpu_budget). PostgreSQL's and Redis's CPU is
+    per sandbox of the window, or `shared_services` where the window served several
+    servers at once (one after another, alternated)."""
     (p0, p1), (f0, f1) = product, floor
     if p0 is None or p1 is None or f0 is None or f1 is None:
         return None
@@ -267,6 +292,7 @@ def cpu_row(
     web = (p1[1] - p0[1]) * 1000 / count
     spawn = (f1[2] - f0[2]) * 1000 / (floors_count or count)
     client = (p1[3] - p0[3]) * 1000 / (floors_count or count)
+    services = (p1[4] - p0[4]) * 1000 / count
     ratio = f"{server / spawn:.1f}x" if spawn > 0 else "-"
     within = "-" if budget is None else f"{budget:.1f}"
     return (
@@ -278,6 +304,7 @@ def cpu_row(
         ratio,
         within,
         f"{client:.1f}",
+        f"{services:.1f}" if shared_services is None else shared_services,
     )
 
 
@@ -420,7 +447,20 @@ async def sequential(
         window = (before[one.label], after[one.label])
         # The floors' CPU is per spawn over all of them, whichever server they sat beside.
         floors = (before[served[0].label], after[served[0].label])
-        row = cpu_row("one after another", window, floors, args.sequential, floors_count=len(floor))
+        # PostgreSQL and Redis served every server of the run in this window.
+        shared = (before[served[0].label], after[served[0].label])
+        services = None
+        if len(served) > 1 and shared[0] is not None and shared[1] is not None:
+            total = (shared[1][4] - shared[0][4]) * 1000 / (args.sequential * len(served))
+            services = f"{total:.1f} (all servers)"
+        row = cpu_row(
+            "one after another",
+            window,
+            floors,
+            args.sequential,
+            floors_count=len(floor),
+            shared_services=services,
+        )
         if row is not None:
             one.cpu_rows.append(row)
 
@@ -571,7 +611,8 @@ def main() -> None:
         print(
             ("server | " if compared else "")
             + "measure | all | web processes | jails etc. | floor | ratio | "
-            "at most, for the 2x target (burst_cpu_budget) | the load generator (not in all)"
+            "at most, for the 2x target (burst_cpu_budget) | the load generator (not in all) "
+            "| PostgreSQL + Redis (not in all)"
         )
         for row in cpu_rows:
             print(" | ".join(row if compared else row[1:]))
