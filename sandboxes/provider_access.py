@@ -28,7 +28,7 @@ from .providers.base import (
     SandboxGone,
     SandboxProvider,
 )
-from .row_cache import rows_changed
+from .row_cache import NEVER_KEPT_STATE, rows_changed
 
 
 def provider_for(sandbox: Sandbox) -> SandboxProvider:
@@ -95,12 +95,21 @@ def fast_statement(sql: str, params: Sequence[Any]) -> int:
 
 
 def sandbox_transition(
-    sandbox: Sandbox, to: str, *, where: Mapping[str, Any] | None = None, **fields: Any
+    sandbox: Sandbox,
+    to: str,
+    *,
+    where: Mapping[str, Any] | None = None,
+    from_state: str | None = None,
+    **fields: Any,
 ) -> bool:
-    """Move to state `to` if the current state allows it (and the row still matches `where`).
-    Conditional UPDATE, so two workers racing on one sandbox cannot both win. Returns
-    whether this call won."""
-    allowed_from = [state for state, targets in ALLOWED_TRANSITIONS.items() if to in targets]
+    """Move to state `to` if the current state allows it (and the row still matches `where`;
+    and is `from_state`, when given). Conditional UPDATE, so two workers racing on one
+    sandbox cannot both win. Returns whether this call won."""
+    allowed_from = [
+        state
+        for state, targets in ALLOWED_TRANSITIONS.items()
+        if to in targets and from_state in (None, state)
+    ]
     if where or not allowed_from or not _plain_values(fields):
         with fast_commit():
             updated = Sandbox.objects.filter(
@@ -142,7 +151,9 @@ def _transition_update(pk: str, to: str, allowed_from: list[str], fields: Mappin
     updated = fast_statement(
         _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
     )
-    if updated:
+    # No process keeps a row that is still being created (row_cache.NEVER_KEPT_STATE): a move
+    # out of that state alone changes no row any process holds.
+    if updated and allowed_from != [NEVER_KEPT_STATE]:
         rows_changed([pk])
     return updated
 

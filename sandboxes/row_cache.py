@@ -66,6 +66,12 @@ MAX_TEXT_CHARS = 4_000_000
 """Bound on the text the entries hold together (a sandbox's metadata alone may be 16 KB):
 with MAX_ENTRIES, what keeps a process's memory bounded whatever its clients store."""
 
+NEVER_KEPT_STATE = "creating"
+"""SandboxState.CREATING (sandboxes.models imports this module): a row in that state is read
+from the database every time, so that a create's move out of it, the one write on the path of
+every create, need not write a generation (provider_access.sandbox_transition's
+`from_state`): no process can hold the row it changes."""
+
 Generation = tuple[Any, Any]
 """(the sandbox's generation, the epoch) as Redis returned them; the first None while the
 sandbox has not changed within GENERATION_TTL_S."""
@@ -140,9 +146,10 @@ def sandbox_read(
     row = lookup.row(sandbox_id, organization_id)
     if row is None:
         return None
-    if generation is not None:
+    sandbox = lookup.instance(row)
+    if generation is not None and sandbox.state != NEVER_KEPT_STATE:
         _store(key, _Entry(row, organization_id, generation, time.monotonic()))
-    return lookup.instance(row)
+    return sandbox
 
 
 def _generation_of(values: Sequence[Any]) -> Generation | None:

@@ -313,6 +313,7 @@ def sandbox_create(
     if not sandbox_transition(
         sandbox,
         SandboxState.RUNNING,
+        from_state=SandboxState.CREATING,
         provider_id=handle.provider_id,
         engine=handle_engine(handle),
         started_at=started,

@@ -502,6 +502,45 @@ def test_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
 
 
 @pytest.mark.django_db
+def test_a_row_still_being_created_is_never_kept_and_its_move_to_running_is_seen(
+    api_a: APIClient, org_a: Organization
+) -> None:
+    """The create's move out of CREATING writes no generation (no process may hold the row
+    it changes): a process that read the row while it was created reads it again."""
+    assert row_cache.NEVER_KEPT_STATE == SandboxState.CREATING
+    sandbox = _row(org_a, state=SandboxState.CREATING, started_at=None)
+    for _ in range(4):
+        assert _fresh(api_a, sandbox.id)["state"] == "creating"
+    assert row_cache.held() == (0, 0)
+    assert sandbox_transition(
+        sandbox, SandboxState.RUNNING, from_state=SandboxState.CREATING, provider_id="p-1"
+    )
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert client.get(row_cache.generation_keys(sandbox.id)[0]) is None  # none written
+    assert _fresh(api_a, sandbox.id)["state"] == "running"
+    assert _cached(api_a, sandbox.id)["state"] == "running"
+    # Only from CREATING: from any other state it changes nothing.
+    assert not sandbox_transition(
+        sandbox, SandboxState.RUNNING, from_state=SandboxState.CREATING, provider_id="p-2"
+    )
+
+
+@pytest.mark.django_db
+def test_a_create_through_the_api_writes_no_generation_and_reads_running(
+    api_a: APIClient, local_sandboxes: Any
+) -> None:
+    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 201, response.content
+    sandbox_id = response.json()["id"]
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert client.get(row_cache.generation_keys(sandbox_id)[0]) is None
+    assert _cached(api_a, sandbox_id)["state"] == "running"
+    destroyed = api_a.delete(f"/api/v1/sandboxes/{sandbox_id}")
+    assert destroyed.status_code == 200, destroyed.content
+    assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
+
+
+@pytest.mark.django_db
 def test_a_timeout_set_through_the_api_is_seen_by_the_next_read(
     api_a: APIClient, sandbox_a: dict[str, Any]
 ) -> None:
