@@ -68,6 +68,7 @@ from _server import (
     floors_apart,
     percentile,
     process_cpu_s,
+    web_processes,
 )
 from bench_sandbox_api import BWRAP
 
@@ -233,11 +234,19 @@ class CpuMeter:
         if path is not None:
             (path / "cgroup.procs").write_text(str(os.getpid()))
 
-    def note_web_processes(self, label: str) -> None:
-        if label in self.servers:
-            me = str(os.getpid())
-            procs = (self.servers[label] / "cgroup.procs").read_text().split()
-            self.web_pids[label] = [int(p) for p in procs if p != me]
+    def note_web_processes(self, label: str, port: int, processes: int) -> None:
+        """The launcher serving `port` and its `processes` web servers, once all of them run:
+        the port answers as soon as the first listens, and a server missed here had its CPU
+        counted with the jails' (a burst's "web processes" halved, once)."""
+        if label not in self.servers:
+            return
+        want = 1 + processes if processes > 1 else 1
+        deadline = time.monotonic() + 60
+        pids = web_processes(port)
+        while len(pids) < want and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = web_processes(port)
+        self.web_pids[label] = pids
 
     def sample(self, label: str) -> Sample | None:
         if label not in self.servers:
@@ -568,7 +577,7 @@ def main() -> None:
                         mounts_apart=len(served) > 1,
                     )
                 )
-                meter.note_web_processes(one.label)
+                meter.note_web_processes(one.label, one.port, args.processes)
             meter.enter("floors")
             if args.provider == "local":
                 detached = floors_apart()
