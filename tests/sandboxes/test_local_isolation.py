@@ -142,6 +142,27 @@ def test_other_sandboxes_files_and_processes_are_invisible(local_provider, make_
     assert b"4242" not in listing
 
 
+def test_user_code_cannot_write_the_jails_log_on_the_host(local_provider, make_sandbox):
+    """The agent's stderr goes to a host file in the jail root (jail.log, root's, 0600), which
+    may be a size-capped tmpfs shared by every sandbox (volume.root_in_memory): a sandbox
+    filling it would stop everyone's creates. It can neither open it through the agent's
+    descriptors nor make the agent write to it with malformed requests."""
+    sandbox = make_sandbox()
+    log = local_provider.root_dir / sandbox / "jail.log"
+    before = log.stat().st_size
+    opened = sh(local_provider, sandbox, "head -c 100000 /dev/zero > /proc/1/fd/2")
+    assert opened.exit_code != 0
+    assert b"Permission denied" in opened.stderr
+    program = (REPO / "tests/sandboxes/inside/garbage_to_agent.py").read_bytes()
+    local_provider.write_file(sandbox, "garbage_to_agent.py", program)
+    sent = local_provider.exec(
+        sandbox, ExecRequest(command="python3", args=["garbage_to_agent.py", "50"], timeout_s=120)
+    )
+    assert (sent.exit_code, sent.stdout) == (0, b"400\n"), sent.stderr
+    assert sh(local_provider, sandbox, "echo still answering").stdout == b"still answering\n"
+    assert log.stat().st_size == before
+
+
 def test_user_code_cannot_kill_the_agent(local_provider, make_sandbox):
     sandbox = make_sandbox()
     sh(local_provider, sandbox, "kill -9 1; kill -TERM 1; kill -9 -1")
