@@ -147,5 +147,8 @@ def organizations_written(using: str = DEFAULT_DB_ALIAS) -> None:
 @receiver(post_save, sender=Organization, dispatch_uid="accounts.orgcache.saved")
 @receiver(post_delete, sender=Organization, dispatch_uid="accounts.orgcache.deleted")
 @receiver(organizations_changed, dispatch_uid="accounts.orgcache.changed")
-def _organization_changed(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
-    organizations_written(using)
+def _organization_changed(
+    sender: Any, using: str = DEFAULT_DB_ALIAS, created: bool = False, **kwargs: Any
+) -> None:
+    if not created:  # a new organization's row is in no process yet
+        organizations_written(using)

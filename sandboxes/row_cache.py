@@ -228,7 +228,10 @@ def rows_changed(sandbox_ids: Iterable[str] | None, using: str = DEFAULT_DB_ALIA
 @receiver(post_save, sender="accounts.Organization", dispatch_uid="sandboxes.row_cache.org_saved")
 @receiver(post_delete, sender="accounts.Organization", dispatch_uid="sandboxes.row_cache.org_gone")
 @receiver(organizations_changed, dispatch_uid="sandboxes.row_cache.organizations_changed")
-def _organization_changed(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+def _organization_changed(
+    sender: Any, using: str = DEFAULT_DB_ALIAS, created: bool = False, **kwargs: Any
+) -> None:
     """An organization's row rides in the entries of operations (joined): read them all
-    again."""
-    rows_changed(None, using=using)
+    again (not for a new organization, which has no sandboxes yet)."""
+    if not created:
+        rows_changed(None, using=using)
