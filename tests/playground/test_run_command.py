@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from sandboxes.providers.local import volume
+from tests.requirements import jail_root
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +33,7 @@ def _wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untype
 def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
     port = free_port()
     var_dir = tmp_path / "var"
-    jails = Path("/tmp") / f"sp-run-{port}"
+    jails = jail_root("run-command")  # new and empty: a root holding anything stays on disk
     env = {
         key: value
         for key, value in os.environ.items()
@@ -131,3 +133,4 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         volume.release_root(jails)
+        shutil.rmtree(jails, ignore_errors=True)
