@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 from _lean_http import LeanClient
 from _server import (
+    LAUNCHERS,
     ROOT,
     bench_env,
     create_org_and_key,
@@ -332,6 +333,14 @@ def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), percentile(samples, 95)
 
 
+def seen_by(pid: int, path: Path) -> Path:
+    """`path` as the process `pid` sees it, whatever mount namespace it or this thread is in:
+    a server may run in one of its own (--compare-checkout), hold its jail root on a tmpfs
+    mounted there (SANDPIT_LOCAL_ROOT_IN_MEMORY), and this thread moves to another for the
+    floors (floors_apart); read from here, the root would look empty."""
+    return Path(f"/proc/{pid}/root") / path.relative_to("/")
+
+
 def _warm_ready(root: Path) -> int:
     return sum(1 for d in root.glob("warm-*") if (d / "state.json").exists())
 
@@ -374,6 +383,8 @@ class Served:
     jails: Path | None = None
     """Its SANDPIT_LOCAL_ROOT (local provider), where its warm jails show when ready."""
     port: int = 0
+    pid: int = 0
+    """The launcher serving `port`."""
     client: Any = None
     created: list[str] = field(default_factory=list)
     rows: list[tuple[str, ...]] = field(default_factory=list)
@@ -402,9 +413,10 @@ async def close_client(client: Any) -> None:
 async def all_ready(served: list[Served], want: int, settled: bool) -> None:
     """Every server's warm pool full (and, with `settled`, no longer growing)."""
     for one in served:
-        await wait_warm(one.jails, want)
+        jails = seen_by(one.pid, one.jails) if one.jails is not None else None
+        await wait_warm(jails, want)
         if settled:
-            await wait_settled(one.jails)
+            await wait_settled(jails)
 
 
 async def measure(
@@ -564,6 +576,7 @@ def main() -> None:
     labels = [one.label for one in served]
     meter = CpuMeter.setup(labels) if args.provider == "local" else CpuMeter()
     notes: list[str] = []
+    host_mounts = -1
     try:
         with ExitStack() as stack:
             for one in served:
@@ -577,7 +590,11 @@ def main() -> None:
                         mounts_apart=len(served) > 1,
                     )
                 )
+                one.pid = LAUNCHERS[one.port]
                 meter.note_web_processes(one.label, one.port, args.processes)
+            # The host's mount namespace, to detach a root a server held in memory there
+            # once this thread has moved to the floors' own.
+            host_mounts = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
             meter.enter("floors")
             if args.provider == "local":
                 detached = floors_apart()
@@ -592,9 +609,21 @@ def main() -> None:
         meter.remove()
         for one in served:  # the servers destroyed their jails; the directories may stay
             if one.jails is not None:
-                if os.path.ismount(one.jails):  # held in memory (SANDPIT_LOCAL_ROOT_IN_MEMORY)
-                    subprocess.run(["umount", "--lazy", str(one.jails)], check=False)
+                if host_mounts >= 0:  # a root held in memory (SANDPIT_LOCAL_ROOT_IN_MEMORY)
+                    subprocess.run(
+                        [
+                            "nsenter",
+                            f"--mount=/proc/{os.getpid()}/fd/{host_mounts}",
+                            "umount",
+                            "--lazy",
+                            str(one.jails),
+                        ],
+                        capture_output=True,
+                        check=False,
+                    )
                 shutil.rmtree(one.jails, ignore_errors=True)
+        if host_mounts >= 0:
+            os.close(host_mounts)
     floor_name = "bwrap node -v" if args.provider == "local" else "docker run --rm node -v"
     pool = "server default" if args.warm_pool is None else str(args.warm_pool)
     print(
