@@ -36,6 +36,8 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from common import redis_scripts
+
 from .models import ApiKey
 
 logger = logging.getLogger(__name__)
@@ -152,22 +154,14 @@ def generation_of(values: Sequence[Any]) -> Generation | None:
     return values[0], values[1]
 
 
-_clients: dict[str, Any] = {}
-
-
-def _client() -> Any:
-    url = settings.REDIS_URL
-    client = _clients.get(url)
-    if client is None:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-        _clients[url] = client
-    return client
+def _client() -> redis.Redis:
+    return redis_scripts.shared_client(settings.REDIS_URL)
 
 
 def generation_values(keys: Sequence[str]) -> list[Any]:
     """The values of generation_keys() read on their own (when no rate limit is counted
     in the same round trip)."""
-    return list(_client().mget(keys))
+    return list(redis_scripts.command(_client(), "MGET", *keys))
 
 
 def _epoch_start() -> None:

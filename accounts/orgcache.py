@@ -61,7 +61,6 @@ class _Entry:
 
 _rows: dict[int, _Entry] = {}
 _lock = threading.Lock()
-_clients: dict[str, redis.Redis] = {}
 
 
 def enabled() -> bool:
@@ -78,13 +77,7 @@ def keys_for(organization_id: int) -> list[str]:
 
 
 def _client() -> redis.Redis:
-    url = settings.REDIS_URL
-    client = _clients.get(url)
-    if client is None:
-        client = _clients[url] = redis.Redis.from_url(
-            url, socket_timeout=2, socket_connect_timeout=2
-        )
-    return client
+    return redis_scripts.shared_client(settings.REDIS_URL)
 
 
 def organization_read(principal: Principal) -> Organization | None:

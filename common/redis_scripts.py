@@ -66,6 +66,22 @@ def resp_command(*args: Arg) -> bytes:
     return b"*%d\r\n%b" % (len(args), b"".join(_bulk(arg) for arg in args))
 
 
+_shared_clients: dict[str, redis.Redis] = {}
+
+
+def shared_client(url: str) -> redis.Redis:
+    """The process's client for `url`, for short commands that must not hang a request (2 s
+    timeouts; plain options, so `command` takes the direct path): the per-process caches of
+    API keys, organizations and sandbox rows share it. Two threads racing may each build
+    one; either is kept."""
+    client = _shared_clients.get(url)
+    if client is None:
+        client = _shared_clients[url] = redis.Redis.from_url(
+            url, socket_timeout=2, socket_connect_timeout=2
+        )
+    return client
+
+
 def command(client: redis.Redis, *args: Arg) -> Any:
     """One command (e.g. "MGET", key, ...) on `client`'s pool; Redis's reply as redis-py
     parses it, before any of the client's per-command conversions (bytes, not decoded)."""

@@ -89,7 +89,6 @@ _rows: dict[tuple[str, str], _Entry] = {}
 """By (the lookup's join, "" for none; the sandbox's id)."""
 _text_chars = 0
 _lock = threading.Lock()
-_clients: dict[str, redis.Redis] = {}
 
 
 def enabled() -> bool:
@@ -116,13 +115,7 @@ def keys_for_request(method: str, url_kwargs: Mapping[str, Any]) -> list[str]:
 
 
 def _client() -> redis.Redis:
-    url = settings.REDIS_URL
-    client = _clients.get(url)
-    if client is None:
-        client = _clients[url] = redis.Redis.from_url(
-            url, socket_timeout=2, socket_connect_timeout=2
-        )
-    return client
+    return redis_scripts.shared_client(settings.REDIS_URL)
 
 
 def sandbox_read(

@@ -18,17 +18,14 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from accounts import keycache, orgcache
-from accounts import services as accounts_services
 from accounts.models import Organization
 from accounts.principal import Principal
-from billing import services as billing_services
 from common import redis_scripts
 from sandboxes import row_cache
 from tests.conftest import assert_error
+from tests.organization_writes import WRITES, cap_set, values
 from tests.other_process import run_in_another_process
 from tests.requirements import missing_part
-
-FIELDS = ("name", "plan", "spending_cap_cents", "max_concurrent_sandboxes", "allow_network")
 
 
 @pytest.fixture(autouse=True)
@@ -69,55 +66,16 @@ def _cached(organization_id: int) -> Organization:
     raise AssertionError("never served from the cache")
 
 
-def _values(organization: Organization) -> list[Any]:
-    return [getattr(organization, name) for name in FIELDS]
-
-
 @pytest.mark.django_db
 def test_a_repeated_read_is_served_without_the_database_and_is_the_callers_own(
     org_a: Organization,
 ) -> None:
     first = _cached(org_a.pk)
-    assert _values(first) == _values(Organization.objects.get(pk=org_a.pk))
+    assert values(first) == values(Organization.objects.get(pk=org_a.pk))
     first.plan = "free"
     second, reads = _read(org_a.pk)
     assert reads == 0
     assert second is not first and second.plan == "premium"
-
-
-def _cap_set(organization: Organization) -> None:
-    billing_services.organization_spending_cap_set(organization=organization, cap_cents=0)
-
-
-def _settings_set(organization: Organization) -> None:
-    accounts_services.organization_settings_set(
-        actor=organization.memberships.get(role="owner").user,
-        organization=organization,
-        allow_network=True,
-    )
-
-
-def _save(organization: Organization) -> None:
-    organization.name = "Renamed"
-    organization.save()
-
-
-def _queryset_update(organization: Organization) -> None:
-    Organization.objects.filter(pk=organization.pk).update(max_concurrent_sandboxes=3)
-
-
-def _bulk_update(organization: Organization) -> None:
-    organization.plan = "free"
-    Organization.objects.bulk_update([organization], ["plan"])
-
-
-WRITES: dict[str, Callable[[Organization], None]] = {
-    "save": _save,
-    "spending-cap": _cap_set,
-    "settings": _settings_set,
-    "queryset-update": _queryset_update,
-    "bulk-update": _bulk_update,
-}
 
 
 @pytest.mark.django_db
@@ -130,9 +88,9 @@ def test_every_kind_of_write_is_seen_by_the_next_read(
     after, reads = _read(org_a.pk)
     assert reads == 1
     expected = Organization.objects.get(pk=org_a.pk)
-    assert _values(before) != _values(expected)
-    assert _values(after) == _values(expected)
-    assert _values(_cached(org_a.pk)) == _values(expected)
+    assert values(before) != values(expected)
+    assert values(after) == values(expected)
+    assert values(_cached(org_a.pk)) == values(expected)
 
 
 @pytest.mark.django_db
@@ -227,7 +185,7 @@ def test_an_epoch_that_cannot_be_written_makes_this_process_forget_its_rows(
         raise redis.ConnectionError("Redis is down")
 
     monkeypatch.setattr(redis_scripts, "command", unreachable)
-    _save(Organization.objects.get(pk=org_a.pk))
+    WRITES["save"](Organization.objects.get(pk=org_a.pk))
     monkeypatch.undo()
     after, reads = _read(org_a.pk)
     assert (after.name, reads) == ("Renamed", 1)
@@ -301,7 +259,7 @@ def test_a_create_reads_no_organization_row_once_known_and_a_cap_stops_the_next_
         if reads == 0:
             break
     assert reads == 0
-    _cap_set(Organization.objects.get(pk=org_a.pk))
+    cap_set(Organization.objects.get(pk=org_a.pk))
     response, reads = create()
     assert_error(response, 402, "spending_cap_reached")
     assert reads == 1

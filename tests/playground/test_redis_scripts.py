@@ -17,7 +17,13 @@ from django.conf import settings
 
 from accounts.throttling import rate_limit_script
 from billing.metering import RedisMeter
-from common.redis_scripts import LuaScript, command, direct_connections, resp_command
+from common.redis_scripts import (
+    LuaScript,
+    command,
+    direct_connections,
+    resp_command,
+    shared_client,
+)
 from tests.requirements import missing_part
 
 COUNT = "return redis.call('INCR', KEYS[1])"
@@ -203,6 +209,8 @@ def test_the_per_request_clients_of_billing_and_the_rate_limit_take_the_direct_p
     meter = RedisMeter(settings.REDIS_URL, prefix="test-direct-path")
     assert direct_connections(meter.client) is not None
     assert direct_connections(rate_limit_script(settings.REDIS_URL).client) is not None
+    # ... and the caches' shared client (API keys, organizations, sandbox rows).
+    assert direct_connections(shared_client(settings.REDIS_URL)) is not None
 
 
 class RecordingSocket:

@@ -21,10 +21,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts import keycache
-from accounts import services as accounts_services
 from accounts.models import Organization
 from accounts.principal import Principal
-from billing import services as billing_services
 from common import redis_scripts
 from common.errors import NotFound
 from sandboxes import row_cache
@@ -32,6 +30,7 @@ from sandboxes.activity import sandbox_touch, sandbox_touch_id
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.provider_access import sandbox_transition
 from sandboxes.selectors import sandbox_get_for_principal
+from tests import organization_writes
 from tests.conftest import assert_error
 from tests.other_process import run_in_another_process
 from tests.requirements import missing_part
@@ -400,37 +399,10 @@ def test_a_reads_plain_row_and_an_operations_joined_row_are_kept_apart(
     assert _get(api_a, cached_row.id)[1] == 0
 
 
-def _cap_set(organization: Organization) -> None:
-    billing_services.organization_spending_cap_set(organization=organization, cap_cents=0)
-
-
-def _settings_update(organization: Organization) -> None:
-    accounts_services.organization_settings_set(
-        actor=organization.memberships.get(role="owner").user,
-        organization=organization,
-        allow_network=True,
-    )
-
-
-def _org_queryset_update(organization: Organization) -> None:
-    Organization.objects.filter(pk=organization.pk).update(max_concurrent_sandboxes=3)
-
-
-def _org_bulk_update(organization: Organization) -> None:
-    organization.plan = "free"
-    Organization.objects.bulk_update([organization], ["plan"])
-
-
-ORGANIZATION_WRITES: dict[str, Callable[[Organization], None]] = {
-    "save": _cap_set,
-    "settings-service": _settings_update,
-    "queryset-update": _org_queryset_update,
-    "bulk-update": _org_bulk_update,
-}
-
-
 @pytest.mark.django_db
-@pytest.mark.parametrize("write", ORGANIZATION_WRITES.values(), ids=ORGANIZATION_WRITES.keys())
+@pytest.mark.parametrize(
+    "write", organization_writes.WRITES.values(), ids=organization_writes.WRITES.keys()
+)
 def test_every_kind_of_write_to_the_organization_is_seen_by_the_next_operation(
     org_a: Organization, write: Callable[[Organization], None]
 ) -> None:
@@ -443,13 +415,8 @@ def test_every_kind_of_write_to_the_organization_is_seen_by_the_next_operation(
     after, reads = _operation_read(org_a, sandbox.id)
     assert reads == 1
     expected = Organization.objects.get(pk=org_a.pk)
-    fields = ("plan", "spending_cap_cents", "max_concurrent_sandboxes", "allow_network")
-    assert [getattr(before.organization, name) for name in fields] != [
-        getattr(expected, name) for name in fields
-    ]
-    assert [getattr(after.organization, name) for name in fields] == [
-        getattr(expected, name) for name in fields
-    ]
+    assert organization_writes.values(before.organization) != organization_writes.values(expected)
+    assert organization_writes.values(after.organization) == organization_writes.values(expected)
 
 
 @pytest.mark.django_db
@@ -495,7 +462,7 @@ def test_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
             break
     assert reads == 0
     assert response.json()["stdout"] == "hi\n"
-    _cap_set(Organization.objects.get(pk=org_a.pk))
+    organization_writes.cap_set(Organization.objects.get(pk=org_a.pk))
     response, reads = command()
     assert_error(response, 402, "spending_cap_reached")
     assert reads >= 1
