@@ -8,14 +8,23 @@ import gc
 
 from django.core import signals
 from django.http import HttpRequest, JsonResponse
-from django.urls import clear_url_caches, path
+from django.urls import clear_url_caches, get_resolver, path
 
 from playground.asgi import application
 from playground.urls import urlpatterns
 
 
 def gc_state(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"frozen": gc.get_freeze_count(), "threshold": list(gc.get_threshold())})
+    resolver = get_resolver()
+    return JsonResponse(
+        {
+            "frozen": gc.get_freeze_count(),
+            "threshold": list(gc.get_threshold()),
+            # Made at startup (the ready callable loads the URL configuration), else by the
+            # first request, after the freeze.
+            "resolver_frozen": not any(resolver is obj for obj in gc.get_objects()),
+        }
+    )
 
 
 def request_started(request: HttpRequest) -> JsonResponse:

@@ -85,6 +85,7 @@ def test_the_launched_server_serves_with_a_frozen_heap(tmp_path: Path) -> None:
             state = _get_json(port, "/test/gc-state")
         assert state["frozen"] > 50_000, state  # the whole loaded application
         assert state["threshold"][0] == GC_YOUNGEST_THRESHOLD, state
+        assert state["resolver_frozen"], state  # URLs loaded before the first request
         assert _get_json(port, "/test/request-started") == {"listeners": False}
         assert _get_json(port, "/health/live")
     finally:

@@ -169,3 +169,22 @@ def test_chunked_upload_with_an_idempotency_key_is_stored_once(server, rt_api_a)
     assert replay_headers.get("idempotent-replayed") == "true"
     content = rt_api_a.get(f"/api/v1/sandboxes/{sandbox_id}/files/content?path=chunked.bin")
     assert content.content == b"hello world"
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data", "multipart/form-data; boundary=x", "application/x-www-form-urlencoded"],
+)
+def test_a_malformed_form_body_is_answered_in_the_api_error_shape(server, rt_api_a, content_type):
+    """The web server leaves form and multipart bodies to the application: Twisted parsed
+    them itself and answered a multipart one without a boundary with a bare 400, closing
+    the connection, before the API could say what was wrong."""
+    sandbox_id = create_sandbox(rt_api_a)
+    response = rt_api_a.post(
+        f"/api/v1/sandboxes/{sandbox_id}/commands",
+        content=b'--x\r\nContent-Disposition: form-data; name="command"\r\n\r\ntrue',
+        headers={"Content-Type": content_type},
+    )
+    assert response.headers["content-type"] == "application/json", response.text[:300]
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (415, "unsupported_media_type"), error
