@@ -83,7 +83,7 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
     entry = keycache.known_get(found_by)
     if entry is None:
         return None
-    throttle = _redis_key_throttle(request)
+    throttle = view_redis_throttle(request)
     keys = keycache.generation_keys(entry.prefix)
     verdict = None
     read: dict[str, object] = {}
@@ -123,9 +123,9 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
     )
 
 
-def _redis_key_throttle(request: Request) -> PerKeyRateThrottle | None:
-    """The view's per-key throttle when it counts in Redis (so the key's confirmation can
-    ride in its round trip); None otherwise."""
+def view_redis_throttle(request: Request) -> PerKeyRateThrottle | None:
+    """The view's per-key throttle when it counts in Redis (so a key's confirmation, or what
+    a token's request reads, can ride in its round trip); None otherwise."""
     view = (getattr(request, "parser_context", None) or {}).get("view")
     if view is None:
         return None
@@ -159,17 +159,20 @@ class SandboxTokenAuthentication(authentication.BaseAuthentication):
         token = _bearer(request)
         if token is None or not looks_like_jwt(token):
             return None
-        principal = principal_from_sandbox_token(token)
-        if principal is None:
+        claims = _active_token_claims(token)
+        if claims is None:
             raise exceptions.AuthenticationFailed("The sandbox token is not valid or has expired.")
         context = getattr(request, "parser_context", None) or {}
+        method = request.method or ""  # never None for a request a server parsed
         sandbox_token_gate(
-            principal.token,  # type: ignore[arg-type]
-            view=context.get("view"),
-            method=request.method or "",  # never None for a request a server parsed
-            kwargs=context.get("kwargs") or {},
+            claims, view=context.get("view"), method=method, kwargs=context.get("kwargs") or {}
         )
-        return MachineUser(f"token:{principal.token.token_id}"), principal  # type: ignore[union-attr]
+        principal = _token_principal_with_reads(claims, method, view_redis_throttle(request))
+        if principal is None:
+            principal = _token_principal_from_database(claims)
+        if principal is None:
+            raise exceptions.AuthenticationFailed("The sandbox token is not valid or has expired.")
+        return MachineUser(f"token:{claims.token_id}"), principal
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'
@@ -193,17 +196,73 @@ def sandbox_token_gate(
 
 
 def principal_from_sandbox_token(token: str) -> Principal | None:
-    """The principal of a valid token whose minter is still active, else None."""
+    """The principal of a valid token whose minter is still active, else None. Its
+    organization's row is read now: for a caller that keeps the principal (a WebSocket);
+    one request's caller takes `request_principal_from_sandbox_token`."""
+    claims = _active_token_claims(token)
+    return None if claims is None else _token_principal_from_database(claims)
+
+
+def request_principal_from_sandbox_token(
+    token: str, *, method: str, throttle: PerKeyRateThrottle | None = None
+) -> Principal | None:
+    """The principal of a valid token whose minter is still active, for one request: as
+    cheap as a known API key's (see `_token_principal_with_reads`; `throttle` counts the
+    request in the same round trip). None when invalid."""
+    claims = _active_token_claims(token)
+    if claims is None:
+        return None
+    principal = _token_principal_with_reads(claims, method, throttle)
+    return principal or _token_principal_from_database(claims)
+
+
+def _active_token_claims(token: str) -> SandboxTokenClaims | None:
     try:
         claims = sandbox_token_decode(token)
     except InvalidSandboxToken:
         return None
     if not minter_active(claims.minted_by, organization_id=claims.organization_id):
         return None
+    return claims
+
+
+def _token_principal_from_database(claims: SandboxTokenClaims) -> Principal | None:
     organization = Organization.objects.filter(pk=claims.organization_id).first()
     if organization is None:
         return None
     return Principal(organization=organization, token=claims)
+
+
+def _token_principal_with_reads(
+    claims: SandboxTokenClaims, method: str, throttle: PerKeyRateThrottle | None
+) -> Principal | None:
+    """A token's principal for one request, without reading its organization's row (loaded
+    on first use, from this process's copy while Redis confirms it: accounts/orgcache.py).
+    One Redis round trip, which also counts the request for `throttle`'s rate limit when
+    given, reads what other apps registered for the organization and the token's sandbox
+    (authentication_reads: the billing period's counters, the sandbox row's generation).
+    Only for one request: those values are taken by its operation, and a principal kept
+    longer (a WebSocket's) would hand them out stale. None without Redis or when it fails
+    (the caller reads the database instead)."""
+    if not keycache.enabled():
+        return None
+    keys = authentication_reads.keys_for(
+        claims.organization_id
+    ) + authentication_reads.request_keys_for(method, {"sandbox_id": claims.sandbox_id})
+    verdict = None
+    try:
+        if throttle is not None:
+            verdict, values = throttle.count(throttle.token_bucket(claims.token_id), read=keys)
+        else:
+            values = keycache.generation_values(keys) if keys else []
+    except redis.RedisError:
+        return None
+    return Principal(
+        organization_id=claims.organization_id,
+        token=claims,
+        rate=verdict,
+        read=dict(zip(keys, values, strict=True)),
+    )
 
 
 _minter_checked: dict[tuple[str, int, int], tuple[float, bool]] = {}

@@ -96,7 +96,7 @@ class PerKeyRateThrottle(SimpleRateThrottle):
             if auth.api_key is not None:
                 return self.key_bucket(auth.api_key.pk)
             elif auth.token is not None:
-                ident = f"tok:{auth.token.token_id}"
+                return self.token_bucket(auth.token.token_id)
             else:
                 ident = f"user:{auth.user.pk if auth.user else 'none'}"
         else:
@@ -106,6 +106,10 @@ class PerKeyRateThrottle(SimpleRateThrottle):
     def key_bucket(self, api_key_id: int) -> str:
         """The bucket of an API key's requests."""
         return self.cache_format % {"scope": self.scope, "ident": f"key:{api_key_id}"}
+
+    def token_bucket(self, token_id: str) -> str:
+        """The bucket of a sandbox token's requests."""
+        return self.cache_format % {"scope": self.scope, "ident": f"tok:{token_id}"}
 
     def counts_in_redis(self) -> bool:
         """Whether allow_request counts in Redis (a rate is set and REDIS_URL is)."""

@@ -14,8 +14,14 @@ from collections.abc import Mapping
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from accounts.authentication import MachineUser, Principal, principal_from_sandbox_token
+from accounts.authentication import (
+    MachineUser,
+    Principal,
+    request_principal_from_sandbox_token,
+    view_redis_throttle,
+)
 from accounts.services import API_KEY_PREFIX, api_key_authenticate
+from accounts.throttling import PerKeyRateThrottle
 from accounts.tokens import looks_like_jwt
 from sandboxes.models import Sandbox
 from sandboxes.selectors import sandbox_get_for_principal
@@ -31,8 +37,12 @@ class E2BAuthFailed(Exception):
     """No valid credential (401)."""
 
 
-def principal_from_headers(headers: Mapping[str, str]) -> Principal:
-    """The caller of a request with lower-cased `headers` (synchronous: ORM inside).
+def principal_from_headers(
+    headers: Mapping[str, str], *, method: str, throttle: PerKeyRateThrottle | None = None
+) -> Principal:
+    """The caller of a `method` request with lower-cased `headers` (synchronous: ORM
+    inside). A token's request is counted for `throttle`'s rate limit in the round trip
+    that reads what its operation needs (accounts.authentication).
 
     `X-API-Key` (a Sandpit API key), else `X-Access-Token` (a sandbox token). A credential
     that is present but invalid is refused, never skipped. Raises E2BAuthFailed."""
@@ -46,21 +56,17 @@ def principal_from_headers(headers: Mapping[str, str]) -> Principal:
         return Principal(organization=api_key.organization, api_key=api_key)
     token = headers.get(ACCESS_TOKEN_HEADER)
     if token and looks_like_jwt(token):
-        principal = principal_from_sandbox_token(token)
+        principal = request_principal_from_sandbox_token(token, method=method, throttle=throttle)
         if principal is not None:
             return principal
         raise E2BAuthFailed("The access token is not valid or has expired.")
     raise E2BAuthFailed("Pass a Sandpit API key in X-API-Key (E2B_API_KEY).")
 
 
-def envd_sandbox(
-    headers: Mapping[str, str], *, principal: Principal | None = None
-) -> tuple[Principal, Sandbox]:
-    """Caller and sandbox of an envd request (`principal`: the caller already resolved from
-    these headers). Raises E2BAuthFailed, NotFound (404: no E2b-Sandbox-Id, a miss, another
-    organization's sandbox, another sandbox's token)."""
-    if principal is None:
-        principal = principal_from_headers(headers)
+def envd_sandbox(headers: Mapping[str, str], *, principal: Principal) -> tuple[Principal, Sandbox]:
+    """Caller and sandbox of an envd request (`principal`: the caller resolved from these
+    headers). Raises NotFound (404: no E2b-Sandbox-Id, a miss, another organization's
+    sandbox, another sandbox's token)."""
     sandbox_id = headers.get(SANDBOX_ID_HEADER, "")
     return principal, sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
 
@@ -74,7 +80,11 @@ class E2BAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request: Request) -> tuple[MachineUser, Principal]:
         try:
-            principal = principal_from_headers(_request_headers(request))
+            principal = principal_from_headers(
+                _request_headers(request),
+                method=request.method or "",
+                throttle=view_redis_throttle(request),
+            )
         except E2BAuthFailed as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from None
         ident = f"key:{principal.api_key.pk}" if principal.api_key else "token"

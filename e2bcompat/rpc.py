@@ -62,10 +62,10 @@ class _RpcRequest:
         self.META: dict[str, str] = {}
 
 
-def rate_limit_wait(principal: Principal) -> float | None:
+def rate_limit_wait(principal: Principal, throttle: PerKeyRateThrottle) -> float | None:
     """Count one request in the caller's bucket, the one Sandpit's REST API (and E2B's
-    control plane) counts in; None when allowed, else the seconds to wait."""
-    throttle = PerKeyRateThrottle()
+    control plane) counts in, unless authentication counted it already; None when allowed,
+    else the seconds to wait."""
     # No DRF request or view here: the throttle reads only .auth and .META (see _RpcRequest).
     if throttle.allow_request(_RpcRequest(principal), None):  # type: ignore[arg-type]
         return None
@@ -73,8 +73,11 @@ def rate_limit_wait(principal: Principal) -> float | None:
 
 
 def _envd_request(headers: dict[str, str]) -> tuple[Principal, Sandbox]:
-    principal = principal_from_headers(headers)
-    wait_s = rate_limit_wait(principal)
+    throttle = PerKeyRateThrottle()
+    principal = principal_from_headers(
+        headers, method="POST", throttle=throttle if throttle.counts_in_redis() else None
+    )
+    wait_s = rate_limit_wait(principal, throttle)
     if wait_s is not None:
         raise ConnectError(
             Code.RESOURCE_EXHAUSTED,

@@ -1,0 +1,220 @@
+"""A sandbox token's request costs what a known API key's does (accounts/authentication.py):
+its organization's row is not read to authenticate it, and one Redis round trip counts it
+for the rate limit and reads what its operation needs (the billing period's counters, the
+sandbox row's generation), so repeated requests read neither row from PostgreSQL. Every
+change is still seen by the next request, a deleted organization's token never gets a 500,
+and without Redis a token works as before. The E2B layer's envd requests take the same path
+and are counted once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from accounts import keycache, orgcache
+from accounts.authentication import (
+    principal_from_sandbox_token,
+    request_principal_from_sandbox_token,
+)
+from accounts.models import Organization
+from accounts.throttling import PerKeyRateThrottle
+from e2bcompat.asgi import E2BRouter
+from sandboxes import row_cache
+from tests import organization_writes
+from tests.conftest import assert_error
+from tests.requirements import missing_part
+
+pytestmark = pytest.mark.django_db
+
+ROWS = ('"sandboxes_sandbox"', '"accounts_organization"')
+
+
+@pytest.fixture(autouse=True)
+def _own_prefix(settings: Any) -> Iterator[None]:
+    """Generations, epochs and rate buckets under a prefix of this test's own (Redis outlives
+    tests; ids repeat across test databases)."""
+    if not settings.REDIS_URL:
+        missing_part("REDIS_URL is not set")
+    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"test-tokens-{uuid.uuid4().hex}"}
+    settings.CACHES = {**settings.CACHES, "default": cache}
+    keycache.known_clear()
+    orgcache.forget_all()
+    row_cache.forget_all()
+    yield
+    keycache.known_clear()
+    orgcache.forget_all()
+    row_cache.forget_all()
+
+
+def _token(api: APIClient, sandbox_id: str, scopes: list[str]) -> str:
+    response = api.post(
+        f"/api/v1/sandboxes/{sandbox_id}/tokens", {"scopes": scopes, "ttl_s": 600}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    token: str = response.json()["token"]
+    return token
+
+
+def _bearer(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def _row_reads(call: Any) -> tuple[Any, int]:
+    """(what `call()` answered, how many statements read a sandbox's or organization's row)."""
+    with CaptureQueriesContext(connections["default"]) as queries:
+        response = call()
+    return response, sum(
+        q["sql"].startswith("SELECT") and any(table in q["sql"] for table in ROWS)
+        for q in queries.captured_queries
+    )
+
+
+def test_token_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
+    api_a: APIClient, sandbox_a: dict[str, Any], org_a: Organization
+) -> None:
+    sandbox_id = sandbox_a["id"]
+    client = _bearer(_token(api_a, sandbox_id, ["exec"]))
+    url = f"/api/v1/sandboxes/{sandbox_id}/commands"
+
+    def command() -> Any:
+        return client.post(url, {"command": "echo", "args": ["hi"]}, format="json")
+
+    reads = -1
+    for _ in range(4):
+        response, reads = _row_reads(command)
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    assert reads == 0
+    assert response.json()["stdout"] == "hi\n"
+    organization_writes.cap_set(Organization.objects.get(pk=org_a.pk))
+    response, reads = _row_reads(command)
+    assert_error(response, 402, "spending_cap_reached")
+    assert reads >= 1
+
+
+def test_token_reads_see_a_change_to_the_sandbox_at_once(
+    api_a: APIClient, sandbox_a: dict[str, Any]
+) -> None:
+    sandbox_id = sandbox_a["id"]
+    client = _bearer(_token(api_a, sandbox_id, ["exec"]))
+
+    def get() -> Any:
+        return client.get(f"/api/v1/sandboxes/{sandbox_id}")
+
+    reads = -1
+    for _ in range(4):
+        response, reads = _row_reads(get)
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    assert reads == 0
+    assert api_a.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code in (200, 202, 204)
+    response, reads = _row_reads(get)
+    assert reads >= 1
+    assert response.status_code == 200 and response.json()["state"] != "running"
+
+
+def test_a_token_request_is_counted_once_in_the_tokens_own_bucket(
+    api_a: APIClient, sandbox_a: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
+    sandbox_id = sandbox_a["id"]
+    token = _token(api_a, sandbox_id, ["exec"])  # the key's bucket, before the low rate
+    client = _bearer(token)
+    for _ in range(3):
+        assert client.get(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+    assert_error(client.get(f"/api/v1/sandboxes/{sandbox_id}"), 429, "rate_limited")
+    # Another token of the same sandbox has a bucket of its own.
+    other = _bearer(_token(api_a, sandbox_id, ["exec"]))
+    assert other.get(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+
+
+def test_a_deleted_organizations_token_is_refused_without_an_error(
+    api_a: APIClient, sandbox_a: dict[str, Any], org_a: Organization
+) -> None:
+    """Within the moments the minter's check is believed (MINTER_RECHECK_S) the token is
+    still decoded as valid: what it names is gone, so a 401 or 404, never a 500."""
+    sandbox_id = sandbox_a["id"]
+    client = _bearer(_token(api_a, sandbox_id, ["exec"]))
+    assert client.get(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+    Organization.objects.filter(pk=org_a.pk).delete()
+    for response in (
+        client.get(f"/api/v1/sandboxes/{sandbox_id}"),
+        client.post(f"/api/v1/sandboxes/{sandbox_id}/commands", {"command": "true"}, format="json"),
+    ):
+        assert response.status_code in (401, 404), response.content
+        assert response.json()["error"]["code"] in ("authentication_failed", "sandbox_not_found")
+
+
+def test_without_redis_a_token_reads_its_organization_as_before(
+    api_a: APIClient, sandbox_a: dict[str, Any], settings: Any
+) -> None:
+    sandbox_id = sandbox_a["id"]
+    token = _token(api_a, sandbox_id, ["exec"])
+    settings.REDIS_URL = ""
+    principal = request_principal_from_sandbox_token(token, method="GET")
+    assert principal is not None and principal._organization is not None
+    response = _bearer(token).get(f"/api/v1/sandboxes/{sandbox_id}")
+    assert response.status_code == 200, response.content
+
+
+def test_a_kept_principal_reads_nothing_ahead(api_a: APIClient, sandbox_a: dict[str, Any]) -> None:
+    """A WebSocket keeps its principal for its whole life: values read when it connected
+    would be stale by its later operations, so that kind reads none ahead."""
+    token = _token(api_a, sandbox_a["id"], ["exec"])
+    kept = principal_from_sandbox_token(token)
+    assert kept is not None and kept._read == {} and kept._organization is not None
+    one_request = request_principal_from_sandbox_token(token, method="GET")
+    assert one_request is not None and one_request._organization is None
+    assert orgcache.epoch_key() in one_request._read
+    assert row_cache.generation_keys(sandbox_a["id"])[0] in one_request._read
+
+
+def _rpc_list_dir(headers: dict[str, str]) -> httpx.Response:
+    async def not_rpc(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError(f"not routed to the RPC services: {scope['path']}")
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=E2BRouter(not_rpc))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
+            return await client.post(
+                "/e2b/filesystem.Filesystem/ListDir",
+                content=json.dumps({"path": "/home/user", "depth": 1}),
+                headers={
+                    "Content-Type": "application/json",
+                    "Connect-Protocol-Version": "1",
+                    **headers,
+                },
+            )
+
+    return async_to_sync(post)()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_envd_request_with_the_access_token_is_counted_once(
+    api_a: APIClient, sandbox_a: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
+    sandbox_id = sandbox_a["id"]
+    headers = {
+        "X-Access-Token": _token(api_a, sandbox_id, ["exec", "files"]),
+        "E2b-Sandbox-Id": sandbox_id,
+    }
+    for _ in range(3):
+        response = _rpc_list_dir(headers)
+        assert response.status_code == 200, response.text
+    refused = _rpc_list_dir(headers)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "resource_exhausted"
