@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from accounts.authentication import (
     MachineUser,
     Principal,
+    api_key_principal,
     request_principal_from_sandbox_token,
     view_redis_throttle,
 )
@@ -79,9 +80,15 @@ class E2BAuthentication(authentication.BaseAuthentication):
     """DRF authentication for the E2B views: X-API-Key or X-Access-Token."""
 
     def authenticate(self, request: Request) -> tuple[MachineUser, Principal]:
+        headers = _request_headers(request)
+        secret = headers.get(API_KEY_HEADER)
+        if secret and secret.startswith(API_KEY_PREFIX):
+            # As Sandpit's own API: a key this process knows is confirmed in Redis.
+            principal = api_key_principal(request, secret)
+            return MachineUser(f"key:{principal.api_key.pk}"), principal  # type: ignore[union-attr]
         try:
             principal = principal_from_headers(
-                _request_headers(request),
+                headers,
                 method=request.method or "",
                 throttle=view_redis_throttle(request),
             )

@@ -25,7 +25,8 @@ from accounts.authentication import (
     principal_from_sandbox_token,
     request_principal_from_sandbox_token,
 )
-from accounts.models import Organization
+from accounts.models import ApiKey, Organization
+from accounts.services import api_key_revoke
 from accounts.throttling import PerKeyRateThrottle
 from e2bcompat.asgi import E2BRouter
 from sandboxes import row_cache
@@ -218,3 +219,31 @@ def test_an_envd_request_with_the_access_token_is_counted_once(
     refused = _rpc_list_dir(headers)
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "resource_exhausted"
+
+
+def test_the_e2b_control_plane_confirms_a_known_key_without_the_database(
+    key_a: str, org_a: Organization
+) -> None:
+    """E2B's `X-API-Key` goes the way of Sandpit's own bearer key: read once, then confirmed
+    in Redis, and a revocation is refused on the very next request."""
+    client = APIClient()
+    client.credentials(HTTP_X_API_KEY=key_a)
+
+    def listing() -> tuple[Any, int]:
+        with CaptureQueriesContext(connections["default"]) as queries:
+            response = client.get("/e2b/v2/sandboxes")
+        return response, sum(
+            q["sql"].startswith("SELECT") and '"accounts_apikey"' in q["sql"]
+            for q in queries.captured_queries
+        )
+
+    reads = -1
+    for _ in range(4):
+        response, reads = listing()
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    assert reads == 0
+    api_key_revoke(api_key=ApiKey.objects.get(organization=org_a))
+    response, _ = listing()
+    assert response.status_code == 401, response.content
