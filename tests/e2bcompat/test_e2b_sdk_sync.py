@@ -40,6 +40,28 @@ def _wait_for(predicate, what: str, timeout: float = 15.0):  # type: ignore[no-u
         time.sleep(0.05)
 
 
+def _waiting(wait, ended: list[BaseException]):  # type: ignore[no-untyped-def]
+    """A reader thread's target: `wait()`, keeping how it ended for the test to check."""
+
+    def target() -> None:
+        try:
+            wait()
+        except Exception as exc:  # noqa: BLE001 - checked by the test, not lost in a thread
+            ended.append(exc)
+
+    return target
+
+
+def _killed(ended: list[BaseException]) -> bool:
+    """The SDK's handle ended as E2B's does for a killed command: CommandExitException with
+    exit code -1."""
+    return (
+        len(ended) == 1
+        and type(ended[0]).__name__ == "CommandExitException"
+        and getattr(ended[0], "exit_code", None) == -1
+    )
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_every_call_of_the_sync_sdk(e2b_env, org_a, provider):  # type: ignore[no-untyped-def]
     from e2b import Sandbox
@@ -85,19 +107,26 @@ def test_every_call_of_the_sync_sdk(e2b_env, org_a, provider):  # type: ignore[n
         # connect() returns once the server listens: output from then on reaches it.
         attached = sbx.commands.connect(handle.pid)
         seen: list[str] = []
-        reader = threading.Thread(target=lambda: attached.wait(on_stdout=seen.append), daemon=True)
+        ended: list[BaseException] = []
+        reader = threading.Thread(
+            target=_waiting(lambda: attached.wait(on_stdout=seen.append), ended), daemon=True
+        )
         reader.start()
         sbx.commands.send_stdin(handle.pid, "line one\n")
         _wait_for(lambda: "line one\n" in "".join(seen) or None, "the echoed stdin", 15)
         assert sbx.commands.kill(handle.pid) is True
         reader.join(10)
+        assert _killed(ended)
         assert handle.pid not in [p.pid for p in sbx.commands.list()]
         assert sbx.commands.kill(handle.pid) is False
 
         # PTY
         data = bytearray()
         pty = sbx.pty.create(PtySize(rows=24, cols=80))
-        pty_reader = threading.Thread(target=lambda: pty.wait(on_pty=data.extend), daemon=True)
+        pty_ended: list[BaseException] = []
+        pty_reader = threading.Thread(
+            target=_waiting(lambda: pty.wait(on_pty=data.extend), pty_ended), daemon=True
+        )
         pty_reader.start()
         sbx.pty.resize(pty.pid, PtySize(rows=33, cols=111))
         sbx.pty.send_stdin(pty.pid, b"stty size; echo pty-$((6*7))\n")
@@ -110,6 +139,7 @@ def test_every_call_of_the_sync_sdk(e2b_env, org_a, provider):  # type: ignore[n
         assert b"33 111" in data
         assert sbx.pty.kill(pty.pid) is True
         pty_reader.join(10)
+        assert _killed(pty_ended)
 
         # files
         sbx.files.write("/home/user/dir/a.txt", "hello")
