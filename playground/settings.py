@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "servestatic",  # its system checks (the middleware serves the files)
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served from our static files

@@ -11,6 +11,7 @@ from accounts.authentication import (
     Principal,
     principal_for_session_user,
     principal_from_sandbox_token,
+    request_principal_from_sandbox_token,
 )
 from accounts.services import API_KEY_PREFIX, api_key_authenticate
 from accounts.tokens import looks_like_jwt
@@ -61,9 +62,16 @@ def principal_from_scope(scope: Mapping[str, Any], *, cookie_token: str | None =
     def denied(message: str) -> RealtimeDenied:
         return RealtimeDenied(WS_AUTH_FAILED, 401, "authentication_failed", message)
 
+    def from_token(token: str) -> Principal | None:
+        # A preview's request reads what it needs with the token, as the REST API does; a
+        # socket keeps its principal, so it reads nothing ahead (accounts.authentication).
+        if scope.get("type") == "http":
+            return request_principal_from_sandbox_token(token, method=str(scope.get("method")))
+        return principal_from_sandbox_token(token)
+
     token = _query_param(scope, "token")
     if token:
-        principal = principal_from_sandbox_token(token)
+        principal = from_token(token)
         if principal is None:
             raise denied("The sandbox token is not valid or has expired.")
         return principal
@@ -79,13 +87,13 @@ def principal_from_scope(scope: Mapping[str, Any], *, cookie_token: str | None =
                 raise denied("Unknown, revoked or expired API key.")
             return Principal(organization=api_key.organization, api_key=api_key)
         if looks_like_jwt(secret):
-            principal = principal_from_sandbox_token(secret)
+            principal = from_token(secret)
             if principal is None:
                 raise denied("The sandbox token is not valid or has expired.")
             return principal
         raise denied("Unknown credential.")
     if cookie_token:
-        principal = principal_from_sandbox_token(cookie_token)
+        principal = from_token(cookie_token)
         if principal is not None:
             return principal
     user = scope.get("user")

@@ -30,6 +30,7 @@ from accounts.services import api_key_revoke
 from accounts.throttling import PerKeyRateThrottle
 from e2bcompat.asgi import E2BRouter
 from sandboxes import row_cache
+from sandboxes.realtime.auth import realtime_authorize
 from tests import organization_writes
 from tests.conftest import assert_error
 from tests.requirements import missing_part
@@ -247,3 +248,32 @@ def test_the_e2b_control_plane_confirms_a_known_key_without_the_database(
     api_key_revoke(api_key=ApiKey.objects.get(organization=org_a))
     response, _ = listing()
     assert response.status_code == 401, response.content
+
+
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+def test_a_preview_request_reads_no_organization_row_and_a_socket_reads_it_at_connect(
+    api_a: APIClient, sandbox_a: dict[str, Any], kind: str
+) -> None:
+    """The preview proxy authorizes each request as the REST API does; a WebSocket, which
+    keeps its principal, reads its organization as it connects."""
+    sandbox_id = sandbox_a["id"]
+    token = _token(api_a, sandbox_id, ["ports"])
+    scope = {
+        "type": kind,
+        "method": "GET",
+        "query_string": f"token={token}".encode(),
+        "headers": [],
+    }
+
+    def authorize() -> tuple[Any, Any]:
+        return realtime_authorize(
+            scope, sandbox_id=sandbox_id, required_scope="ports", feature="ports"
+        )
+
+    reads = -1
+    for _ in range(4):
+        (caller, sandbox), reads = _row_reads(authorize)
+        assert sandbox.id == sandbox_id and caller.principal.token is not None
+        if reads == 0:
+            break
+    assert (reads == 0) == (kind == "http"), reads

@@ -315,7 +315,8 @@ def test_sandbox_tokens_scope_one_sandbox(api_a, sandbox_a, local_sandboxes):
     )
     unsigned = jwt.encode(claims, key=None, algorithm="none")
     assert_error(with_token(unsigned), 401)
-    assert_error(with_token(jwt.encode(claims, "wrong-secret", algorithm="HS256")), 401)
+    wrong_secret = "a-wrong-secret-of-the-recommended-length-" + "x" * 32
+    assert_error(with_token(jwt.encode(claims, wrong_secret, algorithm="HS256")), 401)
 
 
 def test_one_shot_run_verdicts(api_a, local_sandboxes):
