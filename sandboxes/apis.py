@@ -223,8 +223,10 @@ class SandboxDetailApi(SandboxApi):
         _no_tokens(principal_of(request))
 
         def run(caller: Caller) -> Response:
-            services.sandbox_destroy(caller=caller, sandbox=sandbox, reason="api")
-            sandbox.refresh_from_db()
+            # The winning destroy wrote the row's new state into `sandbox` too; another
+            # request's destroy (or a pause) may have won instead, so read what it left.
+            if not services.sandbox_destroy(caller=caller, sandbox=sandbox, reason="api"):
+                sandbox.refresh_from_db()
             return Response(_SANDBOX_OUTPUT.to_representation(sandbox))
 
         return self.operate(request, run)

@@ -44,6 +44,28 @@ def test_create_get_list_destroy(api_a, sandbox_a):
     assert_error(after, 409, "sandbox_not_running")
 
 
+def test_a_destroy_answers_the_row_it_wrote_without_reading_it_again(api_a, sandbox_a):
+    """The winning destroy's answer is the row as it now is (the state change wrote it into
+    the request's instance); a destroy that lost (here: the sandbox was gone already) reads
+    the row and answers what the winner left."""
+
+    def delete() -> tuple[Any, int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = api_a.delete(url(sandbox_a))
+        return response, sum(
+            q["sql"].startswith("SELECT") and '"sandboxes_sandbox"' in q["sql"]
+            for q in queries.captured_queries
+        )
+
+    won, reads = delete()
+    assert won.status_code == 200 and won.json()["state"] == "destroyed", won.content
+    assert reads <= 1  # the request's own lookup, before the destroy
+    assert won.json() == api_a.get(url(sandbox_a)).json()
+    lost, reads = delete()
+    assert lost.status_code == 200 and reads >= 1
+    assert lost.json() == won.json()
+
+
 def test_create_validation_errors(api_a, local_sandboxes):
     assert_error(
         api_a.post("/api/v1/sandboxes", {"provider": "nope"}, format="json"),
