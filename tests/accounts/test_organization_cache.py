@@ -6,7 +6,6 @@ Real PostgreSQL and Redis."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,29 +16,22 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from accounts import keycache, orgcache
+from accounts import orgcache
 from accounts.models import Organization
 from accounts.principal import Principal
 from common import redis_scripts
 from sandboxes import row_cache
+from tests.caches import own_cache_prefix
 from tests.conftest import assert_error
 from tests.organization_writes import WRITES, cap_set, values
 from tests.other_process import run_in_another_process
-from tests.requirements import missing_part
 
 
 @pytest.fixture(autouse=True)
 def _own_epoch(settings: Any) -> Iterator[None]:
     """The epoch under a prefix of this test's own (Redis outlives tests)."""
-    if not settings.REDIS_URL:
-        missing_part("REDIS_URL is not set")
-    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"test-orgs-{uuid.uuid4().hex}"}
-    settings.CACHES = {**settings.CACHES, "default": cache}
-    for forget in (keycache.known_clear, orgcache.forget_all, row_cache.forget_all):
-        forget()
-    yield
-    for forget in (keycache.known_clear, orgcache.forget_all, row_cache.forget_all):
-        forget()
+    with own_cache_prefix(settings, "orgs"):
+        yield
 
 
 def _read(organization_id: int) -> tuple[Organization, int]:

@@ -8,19 +8,15 @@ and are counted once."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from asgiref.sync import async_to_sync
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from accounts import keycache, orgcache
+from accounts import orgcache
 from accounts.authentication import (
     principal_from_sandbox_token,
     request_principal_from_sandbox_token,
@@ -28,12 +24,12 @@ from accounts.authentication import (
 from accounts.models import ApiKey, Organization
 from accounts.services import api_key_revoke
 from accounts.throttling import PerKeyRateThrottle
-from e2bcompat.asgi import E2BRouter
 from sandboxes import row_cache
 from sandboxes.realtime.auth import realtime_authorize
 from tests import organization_writes
+from tests.caches import own_cache_prefix
 from tests.conftest import assert_error
-from tests.requirements import missing_part
+from tests.e2bcompat.rpc_calls import list_dir
 
 pytestmark = pytest.mark.django_db
 
@@ -42,19 +38,8 @@ ROWS = ('"sandboxes_sandbox"', '"accounts_organization"')
 
 @pytest.fixture(autouse=True)
 def _own_prefix(settings: Any) -> Iterator[None]:
-    """Generations, epochs and rate buckets under a prefix of this test's own (Redis outlives
-    tests; ids repeat across test databases)."""
-    if not settings.REDIS_URL:
-        missing_part("REDIS_URL is not set")
-    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"test-tokens-{uuid.uuid4().hex}"}
-    settings.CACHES = {**settings.CACHES, "default": cache}
-    keycache.known_clear()
-    orgcache.forget_all()
-    row_cache.forget_all()
-    yield
-    keycache.known_clear()
-    orgcache.forget_all()
-    row_cache.forget_all()
+    with own_cache_prefix(settings, "tokens"):
+        yield
 
 
 def _token(api: APIClient, sandbox_id: str, scopes: list[str]) -> str:
@@ -82,6 +67,18 @@ def _row_reads(call: Any) -> tuple[Any, int]:
     )
 
 
+def _until_no_row_is_read(call: Any) -> Any:
+    """Call until a call reads neither row (the caches warm within a few requests: the first
+    writes the epochs, the next stores the rows); its answer, which must be a 200."""
+    reads = -1
+    for _ in range(4):
+        response, reads = _row_reads(call)
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            return response
+    raise AssertionError(f"still {reads} row reads after four calls")
+
+
 def test_token_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
     api_a: APIClient, sandbox_a: dict[str, Any], org_a: Organization
 ) -> None:
@@ -92,13 +89,7 @@ def test_token_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_nex
     def command() -> Any:
         return client.post(url, {"command": "echo", "args": ["hi"]}, format="json")
 
-    reads = -1
-    for _ in range(4):
-        response, reads = _row_reads(command)
-        assert response.status_code == 200, response.content
-        if reads == 0:
-            break
-    assert reads == 0
+    response = _until_no_row_is_read(command)
     assert response.json()["stdout"] == "hi\n"
     organization_writes.cap_set(Organization.objects.get(pk=org_a.pk))
     response, reads = _row_reads(command)
@@ -115,13 +106,7 @@ def test_token_reads_see_a_change_to_the_sandbox_at_once(
     def get() -> Any:
         return client.get(f"/api/v1/sandboxes/{sandbox_id}")
 
-    reads = -1
-    for _ in range(4):
-        response, reads = _row_reads(get)
-        assert response.status_code == 200, response.content
-        if reads == 0:
-            break
-    assert reads == 0
+    _until_no_row_is_read(get)
     assert api_a.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code in (200, 202, 204)
     response, reads = _row_reads(get)
     assert reads >= 1
@@ -184,26 +169,6 @@ def test_a_kept_principal_reads_nothing_ahead(api_a: APIClient, sandbox_a: dict[
     assert row_cache.generation_keys(sandbox_a["id"])[0] in one_request._read
 
 
-def _rpc_list_dir(headers: dict[str, str]) -> httpx.Response:
-    async def not_rpc(scope: Any, receive: Any, send: Any) -> None:
-        raise AssertionError(f"not routed to the RPC services: {scope['path']}")
-
-    async def post() -> httpx.Response:
-        transport = httpx.ASGITransport(app=E2BRouter(not_rpc))
-        async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
-            return await client.post(
-                "/e2b/filesystem.Filesystem/ListDir",
-                content=json.dumps({"path": "/home/user", "depth": 1}),
-                headers={
-                    "Content-Type": "application/json",
-                    "Connect-Protocol-Version": "1",
-                    **headers,
-                },
-            )
-
-    return async_to_sync(post)()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_envd_request_with_the_access_token_is_counted_once(
     api_a: APIClient, sandbox_a: dict[str, Any], monkeypatch: pytest.MonkeyPatch
@@ -215,9 +180,9 @@ def test_an_envd_request_with_the_access_token_is_counted_once(
         "E2b-Sandbox-Id": sandbox_id,
     }
     for _ in range(3):
-        response = _rpc_list_dir(headers)
+        response = list_dir(headers)
         assert response.status_code == 200, response.text
-    refused = _rpc_list_dir(headers)
+    refused = list_dir(headers)
     assert refused.status_code == 429, refused.text
     assert refused.json()["code"] == "resource_exhausted"
 

@@ -4,20 +4,18 @@ its create."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import httpx
 import pytest
-from asgiref.sync import async_to_sync
 from rest_framework.test import APIClient
 
 from accounts.throttling import PerKeyRateThrottle
 from billing.models import UsageEvent
 from billing.services import usage_flush
-from e2bcompat.asgi import E2BRouter
 from sandboxes.models import Sandbox
+from tests.e2bcompat.rpc_calls import list_dir
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,25 +37,7 @@ def three_a_minute(monkeypatch):  # type: ignore[no-untyped-def]
 
 def rpc_list_dir(key: str, sandbox_id: str) -> httpx.Response:
     """One Connect RPC (JSON) call, filesystem.Filesystem/ListDir, through the E2B router."""
-
-    async def not_rpc(scope: Any, receive: Any, send: Any) -> None:
-        raise AssertionError(f"not routed to the RPC services: {scope['path']}")
-
-    async def post() -> httpx.Response:
-        transport = httpx.ASGITransport(app=E2BRouter(not_rpc))
-        async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
-            return await client.post(
-                "/e2b/filesystem.Filesystem/ListDir",
-                content=json.dumps({"path": "/home/user", "depth": 1}),
-                headers={
-                    "Content-Type": "application/json",
-                    "Connect-Protocol-Version": "1",
-                    "X-API-Key": key,
-                    "E2b-Sandbox-Id": sandbox_id,
-                },
-            )
-
-    return async_to_sync(post)()
+    return list_dir({"X-API-Key": key, "E2b-Sandbox-Id": sandbox_id})
 
 
 def test_rpc_calls_share_the_keys_rate_limit(three_a_minute, key_a, key_b, local_sandboxes):  # type: ignore[no-untyped-def]

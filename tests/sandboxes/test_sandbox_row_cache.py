@@ -7,7 +7,6 @@ is open."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -20,7 +19,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from accounts import keycache
 from accounts.models import Organization
 from accounts.principal import Principal
 from common import redis_scripts
@@ -31,23 +29,16 @@ from sandboxes.models import Sandbox, SandboxState
 from sandboxes.provider_access import sandbox_transition
 from sandboxes.selectors import sandbox_get_for_principal
 from tests import organization_writes
+from tests.caches import own_cache_prefix
 from tests.conftest import assert_error
 from tests.other_process import run_in_another_process
-from tests.requirements import missing_part
 
 
 @pytest.fixture(autouse=True)
 def _own_generations(settings: Any) -> Iterator[None]:
     """Generations and epochs under a prefix of this test's own (Redis outlives tests)."""
-    if not settings.REDIS_URL:
-        missing_part("REDIS_URL is not set")
-    cache = {**settings.CACHES["default"], "KEY_PREFIX": f"test-rows-{uuid.uuid4().hex}"}
-    settings.CACHES = {**settings.CACHES, "default": cache}
-    keycache.known_clear()
-    row_cache.forget_all()
-    yield
-    keycache.known_clear()
-    row_cache.forget_all()
+    with own_cache_prefix(settings, "rows"):
+        yield
 
 
 def _row(organization: Organization, **fields: Any) -> Sandbox:
