@@ -19,7 +19,7 @@ from rest_framework import authentication, exceptions
 from . import authentication_reads, keycache
 from .models import ApiKey, Membership, Organization
 from .principal import MachineUser, Principal
-from .selectors import current_organization_for_session, membership_get
+from .selectors import current_membership_for_session
 from .services import API_KEY_PREFIX, api_key_authenticate
 from .throttling import PerKeyRateThrottle
 from .tokens import (
@@ -313,13 +313,10 @@ def principal_for_session_user(request: object) -> Principal | None:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return None
-    organization = current_organization_for_session(request)
-    if organization is None:
+    membership = current_membership_for_session(request)
+    if membership is None:
         return None
-    membership = membership_get(user=user, organization=organization)
-    return Principal(
-        organization=organization, user=user, role=membership.role if membership else None
-    )
+    return Principal(organization=membership.organization, user=user, role=membership.role)
 
 
 class SessionAuthentication(authentication.SessionAuthentication):

@@ -4,8 +4,11 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from accounts.authentication import principal_for_session_user
 from accounts.models import Invitation, Membership, Role, User
 from accounts.services import invitation_accept, invitation_create
 from common.errors import ApplicationError
@@ -71,6 +74,32 @@ def test_cannot_switch_to_an_organization_without_membership(client, alice, org_
     client.force_login(alice)
     client.post("/organizations/switch/", {"organization": org_b.pk})
     assert client.get("/api/v1/organization").json()["slug"] == "org-a"
+
+
+def test_a_session_reads_its_organization_and_role_in_one_statement(client, alice, org_a, org_b):
+    """Every API request of a browser session needs the organization it works in and the
+    user's role there: one statement for both, the role of the organization chosen."""
+    Membership.objects.create(user=alice, organization=org_b, role=Role.MEMBER)
+    client.force_login(alice)
+    client.post("/organizations/switch/", {"organization": org_b.pk})
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get("/api/v1/organization")
+    assert response.json()["slug"] == "org-b"
+    reads = [
+        q["sql"]
+        for q in queries.captured_queries
+        if '"accounts_membership"' in q["sql"] or '"accounts_organization"' in q["sql"]
+    ]
+    assert len(reads) == 1, reads
+    principal = principal_for_session_user(response.wsgi_request)
+    assert principal is not None and principal.organization_id == org_b.pk
+    assert principal.role == Role.MEMBER and not principal.can_manage
+    # Removed from the chosen organization: the session works in the first left, by name.
+    Membership.objects.filter(user=alice, organization=org_b).delete()
+    assert client.get("/api/v1/organization").json()["slug"] == "org-a"
+    principal = principal_for_session_user(response.wsgi_request)
+    assert principal is not None and principal.organization_id == org_a.pk
+    assert principal.role == Membership.objects.get(user=alice, organization=org_a).role
 
 
 def test_invitation_is_single_use(org_a, alice, charlie):
