@@ -327,4 +327,34 @@ class SessionAuthentication(authentication.SessionAuthentication):
         if result is None:
             return None
         user, _ = result
-        return user, principal_for_session_user(request._request)
+        principal = principal_for_session_user(request._request)
+        if principal is None:
+            return user, None
+        return user, _session_principal_with_reads(principal, request)
+
+
+def _session_principal_with_reads(principal: Principal, request: Request) -> Principal:
+    """A session's principal for this request, with what its operation will read in Redis
+    read in the round trip that counts the request for the view's rate limit (the user's
+    bucket), as a key's: the billing period, the sandbox row's generation. Unchanged when
+    the view counts nothing in Redis, or Redis fails."""
+    throttle = view_redis_throttle(request)
+    if throttle is None or principal.user is None or not keycache.enabled():
+        return principal
+    keys = authentication_reads.keys_for(
+        principal.organization_id
+    ) + authentication_reads.request_keys_for(
+        request.method or "",
+        (getattr(request, "parser_context", None) or {}).get("kwargs") or {},
+    )
+    try:
+        verdict, values = throttle.count(throttle.user_bucket(principal.user.pk), read=keys)
+    except redis.RedisError:
+        return principal
+    return Principal(
+        organization=principal.organization,
+        user=principal.user,
+        role=principal.role,
+        rate=verdict,
+        read=dict(zip(keys, values, strict=True)),
+    )

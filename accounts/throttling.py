@@ -97,8 +97,10 @@ class PerKeyRateThrottle(SimpleRateThrottle):
                 return self.key_bucket(auth.api_key.pk)
             elif auth.token is not None:
                 return self.token_bucket(auth.token.token_id)
+            elif auth.user is not None:
+                return self.user_bucket(auth.user.pk)
             else:
-                ident = f"user:{auth.user.pk if auth.user else 'none'}"
+                ident = "user:none"
         else:
             ident = f"ip:{self.get_ident(request)}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
@@ -110,6 +112,10 @@ class PerKeyRateThrottle(SimpleRateThrottle):
     def token_bucket(self, token_id: str) -> str:
         """The bucket of a sandbox token's requests."""
         return self.cache_format % {"scope": self.scope, "ident": f"tok:{token_id}"}
+
+    def user_bucket(self, user_id: int) -> str:
+        """The bucket of a signed-in user's requests (a browser session's)."""
+        return self.cache_format % {"scope": self.scope, "ident": f"user:{user_id}"}
 
     def counts_in_redis(self) -> bool:
         """Whether allow_request counts in Redis (a rate is set and REDIS_URL is)."""

@@ -242,3 +242,49 @@ def test_a_preview_request_reads_no_organization_row_and_a_socket_reads_it_at_co
         if reads == 0:
             break
     assert (reads == 0) == (kind == "http"), reads
+
+
+def _session(user: Any) -> APIClient:
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def test_a_sessions_commands_read_no_sandbox_row_once_cached(
+    alice: Any, org_a: Organization, api_a: APIClient, sandbox_a: dict[str, Any]
+) -> None:
+    """A browser session's request reads ahead in its rate limit's round trip as a key's
+    does: its commands then read no sandbox row, and a spending cap set meanwhile still
+    refuses the very next one."""
+    client = _session(alice)
+    url = f"/api/v1/sandboxes/{sandbox_a['id']}/commands"
+
+    def command() -> tuple[Any, int]:
+        with CaptureQueriesContext(connections["default"]) as queries:
+            response = client.post(url, {"command": "true"}, format="json")
+        return response, sum(
+            q["sql"].startswith("SELECT") and '"sandboxes_sandbox"' in q["sql"]
+            for q in queries.captured_queries
+        )
+
+    reads = -1
+    for _ in range(4):
+        response, reads = command()
+        assert response.status_code == 200, response.content
+        if reads == 0:
+            break
+    assert reads == 0
+    organization_writes.cap_set(Organization.objects.get(pk=org_a.pk))
+    response, reads = command()
+    assert_error(response, 402, "spending_cap_reached")
+
+
+def test_a_sessions_request_is_counted_once_in_the_users_bucket(
+    alice: Any, bob: Any, org_a: Organization, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
+    client = _session(alice)
+    for _ in range(3):
+        assert client.get("/api/v1/sandboxes").status_code == 200
+    assert_error(client.get("/api/v1/sandboxes"), 429, "rate_limited")
+    assert _session(bob).get("/api/v1/sandboxes").status_code == 200  # a bucket of his own
