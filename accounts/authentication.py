@@ -69,7 +69,30 @@ def api_key_principal(request: Request, secret: str) -> Principal:
     when this process knows the key (in the round trip that counts the request for the
     view's rate limit), else read from the database. Raises AuthenticationFailed for an
     unknown, revoked or expired key."""
-    principal = _cached_key_principal(request, secret) if keycache.enabled() else None
+    return key_principal(
+        secret,
+        throttle=view_redis_throttle(request),
+        method=request.method or "",
+        url_kwargs=(getattr(request, "parser_context", None) or {}).get("kwargs") or {},
+    )
+
+
+def key_principal(
+    secret: str,
+    *,
+    throttle: PerKeyRateThrottle | None = None,
+    method: str = "",
+    url_kwargs: Mapping[str, object] | None = None,
+) -> Principal:
+    """`api_key_principal` for a caller without a DRF request: an E2B RPC (with the throttle
+    it counts in, and the sandbox it names as `url_kwargs`), a socket or a preview request
+    (no throttle: nothing is read ahead, so a socket may keep the principal). Raises
+    AuthenticationFailed for an unknown, revoked or expired key."""
+    principal = (
+        _cached_key_principal(secret, throttle, method, url_kwargs or {})
+        if keycache.enabled()
+        else None
+    )
     if principal is None:
         api_key = api_key_authenticate(secret)
         if api_key is None:
@@ -84,15 +107,20 @@ LAST_USED_EVERY = timedelta(seconds=60)
 """How often a key's last_used_at is written (as api_key_authenticate does)."""
 
 
-def _cached_key_principal(request: Request, secret: str) -> Principal | None:
+def _cached_key_principal(
+    secret: str,
+    throttle: PerKeyRateThrottle | None,
+    method: str,
+    url_kwargs: Mapping[str, object],
+) -> Principal | None:
     """The principal of a key this process knows, confirmed unchanged; None to read the
     database (unknown here, unconfirmed, changed, or Redis unreachable). A key that changed
-    is re-read at once, and kept under the generation read before that read."""
+    is re-read at once, and kept under the generation read before that read. With
+    `throttle`, the request is counted and other apps' keys are read in the same round trip."""
     found_by = keycache.digest(secret)
     entry = keycache.known_get(found_by)
     if entry is None:
         return None
-    throttle = view_redis_throttle(request)
     keys = keycache.generation_keys(entry.prefix)
     verdict = None
     read: dict[str, object] = {}
@@ -101,10 +129,7 @@ def _cached_key_principal(request: Request, secret: str) -> Principal | None:
             # Other apps' keys for the organization ride along (authentication_reads).
             extra = authentication_reads.keys_for(
                 entry.organization_id
-            ) + authentication_reads.request_keys_for(
-                request.method or "",
-                (getattr(request, "parser_context", None) or {}).get("kwargs") or {},
-            )
+            ) + authentication_reads.request_keys_for(method, url_kwargs)
             verdict, values = throttle.count(throttle.key_bucket(entry.id), read=keys + extra)
             read = dict(zip(extra, values[len(keys) :], strict=True))
         else:

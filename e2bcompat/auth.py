@@ -18,10 +18,11 @@ from accounts.authentication import (
     MachineUser,
     Principal,
     api_key_principal,
+    key_principal,
     request_principal_from_sandbox_token,
     view_redis_throttle,
 )
-from accounts.services import API_KEY_PREFIX, api_key_authenticate
+from accounts.services import API_KEY_PREFIX
 from accounts.throttling import PerKeyRateThrottle
 from accounts.tokens import looks_like_jwt
 from sandboxes.models import Sandbox
@@ -51,10 +52,15 @@ def principal_from_headers(
     if secret:
         if not secret.startswith(API_KEY_PREFIX):
             raise E2BAuthFailed("Unknown API key: use a Sandpit API key (sp_...).")
-        api_key = api_key_authenticate(secret)
-        if api_key is None:
-            raise E2BAuthFailed("Unknown, revoked or expired API key.")
-        return Principal(organization=api_key.organization, api_key=api_key)
+        try:
+            return key_principal(
+                secret,
+                throttle=throttle,
+                method=method,
+                url_kwargs={"sandbox_id": headers.get(SANDBOX_ID_HEADER, "")},
+            )
+        except exceptions.AuthenticationFailed as exc:
+            raise E2BAuthFailed(str(exc.detail)) from None
     token = headers.get(ACCESS_TOKEN_HEADER)
     if token and looks_like_jwt(token):
         principal = request_principal_from_sandbox_token(token, method=method, throttle=throttle)

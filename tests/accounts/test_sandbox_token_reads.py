@@ -25,7 +25,7 @@ from accounts.models import ApiKey, Organization
 from accounts.services import api_key_revoke
 from accounts.throttling import PerKeyRateThrottle
 from sandboxes import row_cache
-from sandboxes.realtime.auth import realtime_authorize
+from sandboxes.realtime.auth import RealtimeDenied, realtime_authorize
 from tests import organization_writes
 from tests.caches import own_cache_prefix
 from tests.conftest import assert_error
@@ -279,3 +279,35 @@ def test_a_sessions_request_is_counted_once_in_the_users_bucket(
         assert client.get("/api/v1/sandboxes").status_code == 200
     assert_error(client.get("/api/v1/sandboxes"), 429, "rate_limited")
     assert _session(bob).get("/api/v1/sandboxes").status_code == 200  # a bucket of his own
+
+
+@pytest.mark.parametrize("kind", ["http", "websocket"])
+def test_a_sockets_or_previews_api_key_is_confirmed_without_the_database(
+    key_a: str, org_a: Organization, sandbox_a: dict[str, Any], kind: str
+) -> None:
+    """An API key on a socket or a preview request goes the way of the REST API's: read
+    once, then confirmed in Redis (nothing read ahead: a socket keeps its principal), and
+    refused as soon as it is revoked."""
+    scope = {
+        "type": kind,
+        "method": "GET",
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {key_a}".encode())],
+    }
+
+    def authorize() -> tuple[Any, Any]:
+        return realtime_authorize(
+            scope, sandbox_id=sandbox_a["id"], required_scope="ports", feature="ports"
+        )
+
+    reads = -1
+    for _ in range(4):
+        (caller, _sandbox), reads = _row_reads(authorize, tables=('"accounts_apikey"',))
+        assert caller.principal.api_key is not None and caller.principal._read == {}
+        if reads == 0:
+            break
+    assert reads == 0
+    api_key_revoke(api_key=ApiKey.objects.get(organization=org_a))
+    with pytest.raises(RealtimeDenied) as refused:
+        authorize()
+    assert refused.value.http_status == 401
