@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
-from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from accounts import orgcache
@@ -27,7 +25,7 @@ from accounts.throttling import PerKeyRateThrottle
 from sandboxes import row_cache
 from sandboxes.realtime.auth import RealtimeDenied, realtime_authorize
 from tests import organization_writes
-from tests.caches import own_cache_prefix
+from tests.caches import own_cache_prefix, row_reads, until_no_row_is_read
 from tests.conftest import assert_error
 from tests.e2bcompat.rpc_calls import list_dir
 
@@ -58,27 +56,11 @@ def _bearer(token: str) -> APIClient:
 
 
 def _row_reads(call: Any, tables: tuple[str, ...] = ROWS) -> tuple[Any, int]:
-    """(what `call()` answered, how many statements read a row of `tables`: a sandbox's or
-    an organization's)."""
-    with CaptureQueriesContext(connections["default"]) as queries:
-        response = call()
-    return response, sum(
-        q["sql"].startswith("SELECT") and any(table in q["sql"] for table in tables)
-        for q in queries.captured_queries
-    )
+    return row_reads(call, tables)
 
 
 def _until_no_row_is_read(call: Any, tables: tuple[str, ...] = ROWS) -> Any:
-    """Call until a call reads no row of `tables` (the caches warm within a few requests:
-    the first writes the epochs, the next stores the rows); its answer, which must be a
-    200."""
-    reads = -1
-    for _ in range(4):
-        response, reads = _row_reads(call, tables)
-        assert response.status_code == 200, response.content
-        if reads == 0:
-            return response
-    raise AssertionError(f"still {reads} row reads after four calls")
+    return until_no_row_is_read(call, tables)
 
 
 def test_token_commands_read_no_row_once_cached_and_a_spending_cap_stops_the_next_one(
@@ -197,23 +179,12 @@ def test_the_e2b_control_plane_confirms_a_known_key_without_the_database(
     client = APIClient()
     client.credentials(HTTP_X_API_KEY=key_a)
 
-    def listing() -> tuple[Any, int]:
-        with CaptureQueriesContext(connections["default"]) as queries:
-            response = client.get("/e2b/v2/sandboxes")
-        return response, sum(
-            q["sql"].startswith("SELECT") and '"accounts_apikey"' in q["sql"]
-            for q in queries.captured_queries
-        )
+    def listing() -> Any:
+        return client.get("/e2b/v2/sandboxes")
 
-    reads = -1
-    for _ in range(4):
-        response, reads = listing()
-        assert response.status_code == 200, response.content
-        if reads == 0:
-            break
-    assert reads == 0
+    _until_no_row_is_read(listing, ('"accounts_apikey"',))
     api_key_revoke(api_key=ApiKey.objects.get(organization=org_a))
-    response, _ = listing()
+    response = listing()
     assert response.status_code == 401, response.content
 
 
