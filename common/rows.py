@@ -52,6 +52,12 @@ class _Plan:
     sql: str
     columns: _Columns
     joined: _Columns | None
+    selected: str
+    """The statement's columns, as its SELECT lists them."""
+    joined_table: str
+    """The joined model's table (quoted), "" without a join."""
+    join_condition: str
+    """What joins it to the model's row, "" without a join."""
 
 
 class RowLookup(Generic[M]):
@@ -107,6 +113,7 @@ class RowLookup(Generic[M]):
         selected = [f"{table}.{quote(field.column)}" for field in meta.concrete_fields]
         source = table
         joined = None
+        other = on = ""
         if self.join is not None:
             key = meta.get_field(self.join)
             related = getattr(key, "related_model", None)
@@ -118,11 +125,34 @@ class RowLookup(Generic[M]):
                 f"{other}.{quote(field.column)}" for field in related._meta.concrete_fields
             ]
             target = quote(key.target_field.column)
-            source += f" INNER JOIN {other} ON {other}.{target} = {table}.{quote(key.column)}"
+            on = f"{other}.{target} = {table}.{quote(key.column)}"
+            source += f" INNER JOIN {other} ON {on}"
         where = " AND ".join(f"{table}.{quote(self._column(name))} = %s" for name in self.fields)
         # Identifiers from the models, quoted; the values are parameters.
         sql = f"SELECT {', '.join(selected)} FROM {source} WHERE {where}"  # noqa: S608
-        return _Plan(sql, columns, joined)
+        return _Plan(sql, columns, joined, ", ".join(selected), other, on)
+
+    def update_sql(self, assignments: str, condition: str, using: str = "default") -> str:
+        """An UPDATE of the model's table (``SET assignments WHERE condition``: the columns
+        it sets unqualified, those it tests qualified by the quoted table name) that returns
+        the row this lookup would read right after it, joined row included, in the same
+        order (PostgreSQL's ``RETURNING``): a write that hands back what `row()` would read."""
+        plan = self._plan(using)
+        table = connections[using].ops.quote_name(self.model._meta.db_table)
+        if plan.joined_table:
+            source = f" FROM {plan.joined_table}"
+            condition = f"{plan.join_condition} AND ({condition})"
+        else:
+            source = ""
+        # Identifiers from the models, quoted; the values are the caller's parameters.
+        return (
+            f"UPDATE {table} SET {assignments}{source} "  # noqa: S608
+            f"WHERE {condition} RETURNING {plan.selected}"
+        )
+
+    def width(self, using: str = "default") -> int:
+        """How many of the statement's columns are the model's own (the joined row's follow)."""
+        return len(self._plan(using).columns.attnames)
 
     def _column(self, name: str) -> str:
         meta = self.model._meta

@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
+from accounts.principal import Principal
 from common.dbconn import release_idle_connection
 from common.errors import Conflict
 from common.metrics import counter_inc
@@ -28,7 +29,10 @@ from .providers.base import (
     SandboxGone,
     SandboxProvider,
 )
-from .row_cache import NEVER_KEPT_STATE, rows_changed
+from .row_cache import NEVER_KEPT_STATE, epoch_read_with, keep_created, rows_changed
+from .selectors import SANDBOX_BY_ID_AND_ORGANIZATION, SANDBOX_WITH_ORGANIZATION
+
+T = TypeVar("T")
 
 
 def provider_for(sandbox: Sandbox) -> SandboxProvider:
@@ -83,15 +87,30 @@ def fast_statement(sql: str, params: Sequence[Any]) -> int:
     returns its row count. Outside any transaction on PostgreSQL this is one round trip
     (the setting, the statement and its implicit transaction's commit), not four (BEGIN,
     the setting, the statement, COMMIT)."""
+    return _fast(sql, params, lambda cursor: int(cursor.rowcount))
+
+
+def fast_statement_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """fast_statement for a statement that returns a row (``RETURNING``): the row, or None
+    when it wrote none."""
+
+    def first(cursor: Any) -> tuple[Any, ...] | None:
+        row = cursor.fetchone()
+        return None if row is None else tuple(row)
+
+    return _fast(sql, params, first)
+
+
+def _fast(sql: str, params: Sequence[Any], result: Callable[[Any], T]) -> T:
     with connection.cursor() as cursor:
         alone = not connection.in_atomic_block and connection.get_autocommit()
         if alone and takes_several_statements(cursor):
             cursor.execute(f"{FAST_COMMIT_SQL}; {sql}", params)
             cursor.nextset()  # the statement's result, after the setting's
-            return int(cursor.rowcount)
+            return result(cursor)
     with fast_commit(), connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return int(cursor.rowcount)
+        return result(cursor)
 
 
 def sandbox_transition(
@@ -124,6 +143,66 @@ def sandbox_transition(
     return bool(updated)
 
 
+def sandbox_started(sandbox: Sandbox, principal: Principal | None, **fields: Any) -> bool:
+    """The move that ends every create: sandbox_transition(sandbox, RUNNING,
+    from_state=CREATING, **fields).
+
+    Where the row cache runs (PostgreSQL and Redis) and the create's authentication read
+    the epoch, the UPDATE also returns the row as an operation reads it (with its
+    organization's) and this process keeps it, and its plain part as a read takes it
+    (row_cache.keep_created): the sandbox's next request, nearly always its first command,
+    then reads no row from the database."""
+    epoch = epoch_read_with(principal)
+    if epoch is None or connection.vendor != "postgresql" or not _plain_values(fields):
+        return sandbox_transition(
+            sandbox, SandboxState.RUNNING, from_state=SandboxState.CREATING, **fields
+        )
+    values = _values(SandboxState.RUNNING, fields)
+    row = fast_statement_row(
+        _started_sql(tuple(fields)), [*values, sandbox.pk, str(SandboxState.CREATING)]
+    )
+    if row is None:
+        return False
+    # Out of CREATING: no process holds the row, so no generation is written (see
+    # _transition_update).
+    sandbox.state = SandboxState.RUNNING
+    for name, value in fields.items():
+        setattr(sandbox, name, value)
+    for lookup, kept in (
+        (SANDBOX_WITH_ORGANIZATION, row),
+        (SANDBOX_BY_ID_AND_ORGANIZATION, row[: SANDBOX_BY_ID_AND_ORGANIZATION.width()]),
+    ):
+        keep_created(
+            lookup,
+            kept,
+            sandbox_id=sandbox.pk,
+            organization_id=sandbox.organization_id,
+            epoch=epoch,
+        )
+    return True
+
+
+@cache
+def _started_sql(names: tuple[str, ...]) -> str:
+    quote = connection.ops.quote_name
+    meta, columns = Sandbox._meta, _columns()
+    table = quote(meta.db_table)
+    sets = ", ".join(f"{quote(columns[name].column)} = %s" for name in ("state", *names))
+    where = (
+        f"{table}.{quote(meta.pk.column)} = %s AND {table}.{quote(columns['state'].column)} = %s"
+    )
+    return SANDBOX_WITH_ORGANIZATION.update_sql(sets, where)
+
+
+def _values(to: str, fields: Mapping[str, Any]) -> list[Any]:
+    """The new state's and `fields`' values, prepared by their fields as the ORM's update()
+    prepares them, in the order of `fields`."""
+    columns = _columns()
+    values = [columns["state"].get_db_prep_save(to, connection)]
+    values += [columns[name].get_db_prep_save(value, connection) for name, value in fields.items()]
+    return values
+
+
 def _plain_values(fields: Mapping[str, Any]) -> bool:
     """Whether every field is a plain column set to a value (no relation, no expression),
     which _transition_update writes as the ORM would."""
@@ -144,12 +223,9 @@ def _transition_update(pk: str, to: str, allowed_from: list[str], fields: Mappin
     """The conditional UPDATE of sandbox_transition, by a statement written once per set of
     fields: the ORM compiled it on every call (a create's move to running cost ~1 ms of
     CPU). Values are prepared by their fields, as the ORM's update() prepares them."""
-    names = tuple(fields)
-    columns = _columns()
-    values = [columns["state"].get_db_prep_save(to, connection)]
-    values += [columns[name].get_db_prep_save(fields[name], connection) for name in names]
     updated = fast_statement(
-        _transition_sql(names, len(allowed_from)), [*values, pk, *map(str, allowed_from)]
+        _transition_sql(tuple(fields), len(allowed_from)),
+        [*_values(to, fields), pk, *map(str, allowed_from)],
     )
     # No process keeps a row that is still being created (row_cache.NEVER_KEPT_STATE): a move
     # out of that state alone changes no row any process holds.

@@ -107,11 +107,50 @@ def generation_keys(sandbox_id: str) -> list[str]:
 def keys_for_request(method: str, url_kwargs: Mapping[str, Any]) -> list[str]:
     """Registered with accounts.authentication_reads (SandboxesConfig.ready): a request that
     names a sandbox reads its generation in the authentication's round trip (whatever its
-    method: a GET reads the row, an operation the row with its organization's)."""
+    method: a GET reads the row, an operation the row with its organization's). A POST that
+    names none may create one, and reads the epoch, under which its create keeps the row it
+    wrote (`keep_created`)."""
+    if not enabled():
+        return []
     sandbox_id = url_kwargs.get("sandbox_id")
-    if not isinstance(sandbox_id, str) or not enabled():
+    if sandbox_id is None and method == "POST":
+        return generation_keys("")[1:]
+    if not isinstance(sandbox_id, str):
         return []
     return generation_keys(sandbox_id)
+
+
+def epoch_read_with(principal: Principal | None) -> Any:
+    """The epoch read in the round trip that authenticated this request (keys_for_request),
+    taken once; None when it was not read there (another kind of caller, no Redis) or
+    Redis holds none."""
+    if principal is None or not enabled():
+        return None
+    values = principal.take_values(generation_keys("")[1:])
+    return None if values is None else values[0]
+
+
+def keep_created(
+    lookup: RowLookup[Sandbox],
+    row: tuple[Any, ...],
+    *,
+    sandbox_id: str,
+    organization_id: int,
+    epoch: Any,
+) -> None:
+    """Keep `row`, as `lookup` reads it, which a create's move out of NEVER_KEPT_STATE wrote
+    and returned (RowLookup.update_sql), so that the sandbox's next request (nearly always
+    its first command) reads no row.
+
+    Kept under the generation that request will read while nothing changes the row: none of
+    the sandbox's own (neither its insert nor that move writes one) and `epoch`, read before
+    the move. Every later write to the row writes a generation, and every change of the
+    epoch a new one, so the entry then matches nothing; nor does it if the epoch changed
+    before the move, or a generation was written for the sandbox before it."""
+    _store(
+        (lookup.join or "", sandbox_id),
+        _Entry(row, organization_id, (None, epoch), time.monotonic()),
+    )
 
 
 def _client() -> redis.Redis:

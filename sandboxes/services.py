@@ -44,6 +44,7 @@ from .provider_access import (
     provider_for,
     require_capability,
     require_running,
+    sandbox_started,
     sandbox_transition,
     takes_several_statements,
 )
@@ -310,10 +311,9 @@ def sandbox_create(
         sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
         raise
     started = timezone.now()
-    if not sandbox_transition(
+    if not sandbox_started(
         sandbox,
-        SandboxState.RUNNING,
-        from_state=SandboxState.CREATING,
+        principal,
         provider_id=handle.provider_id,
         engine=handle_engine(handle),
         started_at=started,

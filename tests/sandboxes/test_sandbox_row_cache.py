@@ -26,8 +26,12 @@ from common.errors import NotFound
 from sandboxes import row_cache
 from sandboxes.activity import sandbox_touch, sandbox_touch_id
 from sandboxes.models import Sandbox, SandboxState
-from sandboxes.provider_access import sandbox_transition
-from sandboxes.selectors import sandbox_get_for_principal
+from sandboxes.provider_access import sandbox_started, sandbox_transition
+from sandboxes.selectors import (
+    SANDBOX_BY_ID_AND_ORGANIZATION,
+    SANDBOX_WITH_ORGANIZATION,
+    sandbox_get_for_principal,
+)
 from tests import organization_writes
 from tests.caches import own_cache_prefix, row_reads, until_no_row_is_read
 from tests.conftest import assert_error
@@ -342,8 +346,15 @@ def test_a_request_naming_a_sandbox_reads_its_generation_whatever_its_method() -
         assert row_cache.keys_for_request(method, {"sandbox_id": "sb_1"}) == (
             row_cache.generation_keys("sb_1")
         )
-    assert row_cache.keys_for_request("POST", {}) == []
     assert row_cache.keys_for_request("GET", {"sandbox_id": 7}) == []
+    # A POST naming no sandbox may create one: it reads the epoch its create keeps the
+    # row under (provider_access.sandbox_started); nothing else does.
+    assert row_cache.keys_for_request("POST", {}) == row_cache.generation_keys("")[1:]
+    assert (
+        row_cache.keys_for_request("POST", {"snapshot_id": "sn_1"})
+        == (row_cache.generation_keys("")[1:])
+    )
+    assert row_cache.keys_for_request("GET", {}) == []
 
 
 def _operation_read(organization: Organization, sandbox_id: str) -> tuple[Sandbox, int]:
@@ -533,3 +544,131 @@ def test_the_rows_held_stay_within_their_bounds_whatever_clients_store(
             entries, chars = row_cache.held()
             most = (max(most[0], entries), max(most[1], chars))
     assert 0 < most[0] <= 5 and 30_000 < most[1] <= 40_000, most
+
+
+def _epoch() -> Any:
+    """The epoch in Redis now (one written if there is none)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    key = row_cache.generation_keys("")[1]
+    client.set(key, "first-epoch", nx=True)
+    return client.get(key)
+
+
+def _known_key(client: APIClient) -> None:
+    """Until the client's key is known to this process (confirmed in Redis, with the
+    request's keys read in that round trip)."""
+    until_no_row_is_read(lambda: client.get("/api/v1/organization"), ('"accounts_organization"',))
+
+
+def _creating(organization: Organization) -> Sandbox:
+    return _row(organization, state=SandboxState.CREATING, started_at=None)
+
+
+def _started(sandbox: Sandbox, epoch: Any) -> bool:
+    """The create's move to running, by a request whose authentication read `epoch`."""
+    key = row_cache.generation_keys("")[1]
+    principal = Principal(organization_id=sandbox.organization_id, read={key: epoch})
+    return sandbox_started(sandbox, principal, provider_id="p-1", started_at=timezone.now())
+
+
+@pytest.mark.django_db
+def test_a_creates_move_to_running_keeps_the_rows_the_database_would_give(
+    api_a: APIClient, org_a: Organization
+) -> None:
+    """What the move keeps is what each lookup reads from the database right after it, to
+    the last column, and the next read and operation are served from it."""
+    _known_key(api_a)
+    sandbox = _creating(org_a)
+    assert _started(sandbox, _epoch())
+    assert sandbox.state == SandboxState.RUNNING and row_cache.held()[0] == 2
+    for lookup, join in (
+        (SANDBOX_WITH_ORGANIZATION, "organization"),
+        (SANDBOX_BY_ID_AND_ORGANIZATION, ""),
+    ):
+        kept = row_cache._rows[(join, sandbox.id)]
+        assert kept.row == lookup.row(sandbox.id, org_a.pk)
+        assert kept.generation == (None, _epoch())
+    body, reads = _get(api_a, sandbox.id)
+    assert (body.status_code, reads) == (200, 0), body.content
+    row_cache.forget_all()
+    assert _fresh(api_a, sandbox.id) == body.json()
+    assert body.json()["state"] == "running"
+    assert Sandbox.objects.get(pk=sandbox.pk).provider_id == "p-1"
+
+
+@pytest.mark.django_db
+def test_a_kept_row_is_not_served_after_the_epoch_changed_before_or_after_the_move(
+    api_a: APIClient, org_a: Organization
+) -> None:
+    _known_key(api_a)
+    before = _epoch()
+    row_cache.rows_changed(None)  # between the create's authentication and its move
+    sandbox = _creating(org_a)
+    assert _started(sandbox, before)
+    assert _fresh(api_a, sandbox.id)["state"] == "running"
+    other = _creating(org_a)
+    assert _started(other, _epoch())
+    row_cache.rows_changed(None)  # after it
+    assert _fresh(api_a, other.id)["state"] == "running"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("write", WRITES.values(), ids=WRITES.keys())
+def test_every_kind_of_write_after_a_creates_move_is_seen_by_the_next_read(
+    api_a: APIClient, org_a: Organization, write: Callable[[Sandbox], None]
+) -> None:
+    _known_key(api_a)
+    sandbox = _creating(org_a)
+    assert _started(sandbox, _epoch())
+    before, reads = _get(api_a, sandbox.id)
+    assert (before.status_code, reads) == (200, 0), before.content
+    write(sandbox)
+    after = _fresh(api_a, sandbox.id)
+    changed = {name for name in after if before.json()[name] != after[name]}
+    assert changed, after
+    row_cache.forget_all()
+    assert _fresh(api_a, sandbox.id) == after
+
+
+@pytest.mark.django_db
+def test_a_lost_move_keeps_nothing_and_a_move_without_the_epoch_keeps_nothing(
+    api_a: APIClient, org_a: Organization
+) -> None:
+    _known_key(api_a)
+    destroyed = _creating(org_a)
+    assert sandbox_transition(destroyed, SandboxState.DESTROYED)
+    assert not _started(destroyed, _epoch())  # destroyed while it was created
+    assert row_cache.held() == (0, 0)
+    assert _fresh(api_a, destroyed.id)["state"] == "destroyed"
+    unread = _creating(org_a)
+    principal = Principal(organization_id=org_a.pk, read={})  # the epoch was not read
+    assert sandbox_started(unread, principal, provider_id="p-2")
+    assert not [key for key in row_cache._rows if key[1] == unread.id]
+    assert _fresh(api_a, unread.id)["state"] == "running"
+
+
+@pytest.mark.django_db
+def test_a_sandboxs_first_command_after_its_create_reads_no_row(
+    api_a: APIClient, org_a: Organization, local_sandboxes: Any
+) -> None:
+    """Through the API on a real sandbox: the create keeps what it wrote, so its first
+    command reads neither the sandbox's row nor its organization's, and its first read
+    no row either; a destroy is seen by the next read at once."""
+    _epoch()
+    _known_key(api_a)
+    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 201, response.content
+    sandbox_id = response.json()["id"]
+    tables = ('"sandboxes_sandbox"', '"accounts_organization"')
+    command, reads = row_reads(
+        lambda: api_a.post(
+            f"/api/v1/sandboxes/{sandbox_id}/commands", {"command": "echo hi"}, format="json"
+        ),
+        tables,
+    )
+    assert command.status_code == 200 and command.json()["stdout"] == "hi\n", command.content
+    assert reads == 0
+    body, reads = _get(api_a, sandbox_id)
+    assert (body.status_code, reads, body.json()["state"]) == (200, 0, "running")
+    assert api_a.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+    assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
