@@ -12,6 +12,7 @@ from django.conf import settings
 
 from accounts import throttling
 from accounts.throttling import PerKeyRateThrottle, _seconds_until_admitted
+from tests.throttle_clock import hold_mid_minute
 
 pytestmark = pytest.mark.django_db
 
@@ -25,6 +26,7 @@ def five_a_minute(request, monkeypatch, settings):  # type: ignore[no-untyped-de
     if request.param == "local-memory":
         settings.REDIS_URL = ""
     monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "5/min"})
+    hold_mid_minute(monkeypatch)
     # Fresh buckets: key ids repeat across test databases, Redis outlives them.
     monkeypatch.setattr(
         PerKeyRateThrottle, "cache_format", f"throttle_{uuid.uuid4().hex}_%(scope)s_%(ident)s"
