@@ -65,12 +65,23 @@ class RowLookup(Generic[M]):
     `get`, as ``model.objects.get(...)`` would return it, or None.
 
     `join` (a non-null foreign key of `model`) reads the row it points to in the same
-    statement, as ``select_related(join)`` does: the instance comes back with it loaded."""
+    statement, as ``select_related(join)`` does: the instance comes back with it loaded.
 
-    def __init__(self, model: type[M], *fields: str, join: str | None = None) -> None:
+    `first_by`: where several rows match, the first in this order, as
+    ``order_by(*first_by).first()`` (names of `model`'s fields, or ``<join>__<field>`` of the
+    joined model's, ascending); without it the fields must name one row at most."""
+
+    def __init__(
+        self,
+        model: type[M],
+        *fields: str,
+        join: str | None = None,
+        first_by: tuple[str, ...] = (),
+    ) -> None:
         self.model = model
         self.fields = fields
         self.join = join
+        self.first_by = first_by
         self._plans: dict[str, _Plan] = {}
 
     def sql(self, using: str = "default") -> str:
@@ -130,6 +141,9 @@ class RowLookup(Generic[M]):
         where = " AND ".join(f"{table}.{quote(self._column(name))} = %s" for name in self.fields)
         # Identifiers from the models, quoted; the values are parameters.
         sql = f"SELECT {', '.join(selected)} FROM {source} WHERE {where}"  # noqa: S608
+        if self.first_by:
+            order = ", ".join(self._ordered_column(name, quote, other) for name in self.first_by)
+            sql += f" ORDER BY {order} LIMIT 1"
         return _Plan(sql, columns, joined, ", ".join(selected), other, on)
 
     def update_sql(self, assignments: str, condition: str, using: str = "default") -> str:
@@ -154,13 +168,28 @@ class RowLookup(Generic[M]):
         """How many of the statement's columns are the model's own (the joined row's follow)."""
         return len(self._plan(using).columns.attnames)
 
+    def _ordered_column(self, name: str, quote: Callable[[str], str], joined: str) -> str:
+        """A `first_by` name as the statement's (quoted) column; `joined` is the joined
+        model's quoted table."""
+        if self.join and name.startswith(f"{self.join}__"):
+            related = self.model._meta.get_field(self.join).related_model
+            if not isinstance(related, type) or not issubclass(related, Model):
+                raise ValueError(f"{self.model.__name__}.{self.join} is not a foreign key")
+            return f"{joined}.{quote(_column(related, name[len(self.join) + 2 :]))}"
+        return f"{quote(self.model._meta.db_table)}.{quote(self._column(name))}"
+
     def _column(self, name: str) -> str:
-        meta = self.model._meta
-        field = meta.pk if name == "pk" else meta.get_field(name)
-        column = getattr(field, "column", None)
-        if not isinstance(column, str):
-            raise ValueError(f"{self.model.__name__}.{name} is not a column")
-        return column
+        return _column(self.model, name)
+
+
+def _column(model: type[Model], name: str) -> str:
+    """The column of `model`'s field `name` ("pk" allowed)."""
+    meta = model._meta
+    field = meta.pk if name == "pk" else meta.get_field(name)
+    column = getattr(field, "column", None)
+    if not isinstance(column, str):
+        raise ValueError(f"{model.__name__}.{name} is not a column")
+    return column
 
 
 def _columns(model: type[Model], using: str, start: int) -> _Columns:

@@ -483,6 +483,7 @@ LOGGING = {
 
 # --- Security -----------------------------------------------------------------------------
 SESSION_COOKIE_HTTPONLY = True
+SESSION_ENGINE = "accounts.sessions"  # Django's database sessions, read by a fixed statement
 CSRF_COOKIE_HTTPONLY = False  # the playground's JS reads it to call the API with the session
 X_FRAME_OPTIONS = "DENY"
 # Sent on every response that has no policy of its own (playground/csp.py; the port-preview proxy

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.sessions.models import Session
 from django.core import mail
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -100,6 +101,30 @@ def test_a_session_reads_its_organization_and_role_in_one_statement(client, alic
     principal = principal_for_session_user(response.wsgi_request)
     assert principal is not None and principal.organization_id == org_a.pk
     assert principal.role == Membership.objects.get(user=alice, organization=org_a).role
+
+
+def test_a_session_ends_with_its_user_its_password_or_its_row(client, alice, org_a):
+    """The session's user is read again by every request: deactivated, with a new password
+    (Django's session hash), or its session deleted, the next request is refused, by the
+    API and by the pages (which only Django's authentication guards)."""
+    for end in ("deactivated", "password", "session deleted"):
+        client.force_login(alice)
+        assert client.get("/api/v1/organization").status_code == 200
+        assert client.get("/team/").status_code == 200
+        if end == "deactivated":
+            User.objects.filter(pk=alice.pk).update(is_active=False)
+        elif end == "password":
+            alice.set_password("a different one 456")
+            alice.save(update_fields=["password"])
+        else:
+            Session.objects.all().delete()
+        page = client.get("/team/")
+        assert page.status_code == 302 and "/accounts/login/" in page["Location"], end
+        refused = client.get("/api/v1/organization")
+        assert refused.status_code in (401, 403), (end, refused.content)
+        assert refused.json()["error"]["code"] in ("not_authenticated", "authentication_failed")
+        User.objects.filter(pk=alice.pk).update(is_active=True)
+        alice.refresh_from_db()
 
 
 def test_invitation_is_single_use(org_a, alice, charlie):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.sessions.models import Session
 from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
@@ -10,9 +11,12 @@ from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from accounts.models import Organization
+from accounts.backends import USER_BY_ID
+from accounts.models import Membership, Organization, Role, User
 from accounts.orgcache import ORGANIZATION_BY_ID
 from accounts.principal import Principal
+from accounts.selectors import FIRST_MEMBERSHIP_WITH_ORGANIZATION, MEMBERSHIP_WITH_ORGANIZATION
+from accounts.sessions import SESSION_BY_KEY, SessionStore
 from common.rows import RowInsert, RowLookup
 from sandboxes.models import Sandbox
 from sandboxes.services import SANDBOX_INSERT
@@ -84,6 +88,56 @@ def test_a_joined_lookup_reads_both_rows_as_select_related_does(org_a, org_b):
     # The join does not widen the conditions: another organization's id is still a miss.
     assert lookup.get(sandbox.pk, org_b.pk) is None
     assert lookup.get("no-such-sandbox", org_a.pk) is None
+
+
+def test_the_first_row_by_an_order_is_the_orms(alice, charlie, org_a, org_b):
+    """`first_by` reads what ``order_by(...).first()`` reads, by the joined model's fields
+    too; and the sessions', users' and memberships' lookups read what Django's ORM reads."""
+    org_c = Organization.objects.create(name="Aardvark", slug="org-c", plan="free")
+    Membership.objects.create(user=alice, organization=org_c, role=Role.MEMBER)
+    Membership.objects.create(user=alice, organization=org_b, role=Role.ADMIN)
+    first = FIRST_MEMBERSHIP_WITH_ORGANIZATION.get(alice.pk)
+    expected = (
+        Membership.objects.filter(user=alice)
+        .select_related("organization")
+        .order_by("organization__name", "organization_id")
+        .first()
+    )
+    assert first is not None and expected is not None
+    _same_fields(first, expected, Membership)
+    _same_fields(first.organization, expected.organization, Organization)
+    assert first.organization.name == "Aardvark"
+    assert FIRST_MEMBERSHIP_WITH_ORGANIZATION.sql().endswith(" LIMIT 1")
+    # Renamed: the order follows the joined column, not the row's id.
+    Organization.objects.filter(pk=org_c.pk).update(name="Zebra")
+    first = FIRST_MEMBERSHIP_WITH_ORGANIZATION.get(alice.pk)
+    assert first is not None and first.organization.name == "Org A"
+    # Ties on the name: the organization's id decides, as the ORM's order does.
+    Organization.objects.filter(pk=org_b.pk).update(name="Org A")
+    first = FIRST_MEMBERSHIP_WITH_ORGANIZATION.get(alice.pk)
+    assert first is not None and first.organization_id == min(org_a.pk, org_b.pk)
+    chosen = MEMBERSHIP_WITH_ORGANIZATION.get(alice.pk, org_b.pk)
+    assert chosen is not None and chosen.role == Role.ADMIN
+    assert MEMBERSHIP_WITH_ORGANIZATION.get(charlie.pk, org_a.pk) is None
+    assert FIRST_MEMBERSHIP_WITH_ORGANIZATION.get(-1) is None
+    _same_fields(USER_BY_ID.get(alice.pk), User.objects.get(pk=alice.pk), User)
+
+
+def test_a_sessions_row_is_read_by_its_key_until_it_expires(alice):
+    store = SessionStore()
+    store["organization_id"] = 7
+    store.create()
+    loaded = SessionStore(store.session_key)
+    assert loaded["organization_id"] == 7 and loaded.session_key == store.session_key
+    _same_fields(
+        SESSION_BY_KEY.get(store.session_key), Session.objects.get(pk=store.session_key), Session
+    )
+    Session.objects.filter(pk=store.session_key).update(expire_date=timezone.now())
+    expired = SessionStore(store.session_key)
+    assert expired.get("organization_id") is None  # an expired session is a new, empty one
+    assert expired.session_key is None
+    unknown = SessionStore("x" * 32)
+    assert dict(unknown.items()) == {} and unknown.session_key is None
 
 
 @pytest.mark.parametrize("join", ["created_by", "state", "no_such_field"])
