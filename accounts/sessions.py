@@ -21,9 +21,9 @@ SESSION_BY_KEY = RowLookup(Session, "session_key")
 
 
 class SessionStore(db.SessionStore):
-    def _get_session_from_db(self) -> Any:
+    def load(self) -> dict[str, Any]:
         session = SESSION_BY_KEY.get(self.session_key) if self.session_key else None
         if session is None or session.expire_date <= timezone.now():
-            self._session_key = None  # as Django's: a missing or expired session is new
-            return None
-        return session
+            self._session_key = None  # as Django's stores do: a missing or expired one is new
+            return {}
+        return self.decode(session.session_data)

@@ -15,6 +15,7 @@ import types
 import pytest
 
 from accounts import throttling
+from accounts.throttling import PerKeyRateThrottle
 
 
 def hold_mid_minute(monkeypatch: pytest.MonkeyPatch) -> float:
@@ -22,3 +23,9 @@ def hold_mid_minute(monkeypatch: pytest.MonkeyPatch) -> float:
     now = (math.floor(time.time() / 60) + 0.5) * 60
     monkeypatch.setattr(throttling, "time", types.SimpleNamespace(time=lambda: now))
     return now
+
+
+def limit_per_minute(monkeypatch: pytest.MonkeyPatch, requests: int) -> None:
+    """Every caller's rate limit `requests` a minute, its clock held mid-minute."""
+    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": f"{requests}/min"})
+    hold_mid_minute(monkeypatch)

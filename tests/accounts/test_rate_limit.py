@@ -12,7 +12,7 @@ from django.conf import settings
 
 from accounts import throttling
 from accounts.throttling import PerKeyRateThrottle, _seconds_until_admitted
-from tests.throttle_clock import hold_mid_minute
+from tests.throttle_clock import limit_per_minute
 
 pytestmark = pytest.mark.django_db
 
@@ -25,8 +25,7 @@ def five_a_minute(request, monkeypatch, settings):  # type: ignore[no-untyped-de
         missing_part("REDIS_URL is not set")
     if request.param == "local-memory":
         settings.REDIS_URL = ""
-    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "5/min"})
-    hold_mid_minute(monkeypatch)
+    limit_per_minute(monkeypatch, 5)
     # Fresh buckets: key ids repeat across test databases, Redis outlives them.
     monkeypatch.setattr(
         PerKeyRateThrottle, "cache_format", f"throttle_{uuid.uuid4().hex}_%(scope)s_%(ident)s"

@@ -21,14 +21,13 @@ from accounts.authentication import (
 )
 from accounts.models import ApiKey, Organization
 from accounts.services import api_key_revoke
-from accounts.throttling import PerKeyRateThrottle
 from sandboxes import row_cache
 from sandboxes.realtime.auth import RealtimeDenied, realtime_authorize
 from tests import organization_writes
 from tests.caches import own_cache_prefix, row_reads, until_no_row_is_read
 from tests.conftest import assert_error
 from tests.e2bcompat.rpc_calls import list_dir
-from tests.throttle_clock import hold_mid_minute
+from tests.throttle_clock import limit_per_minute
 
 pytestmark = pytest.mark.django_db
 
@@ -101,8 +100,7 @@ def test_token_reads_see_a_change_to_the_sandbox_at_once(
 def test_a_token_request_is_counted_once_in_the_tokens_own_bucket(
     api_a: APIClient, sandbox_a: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
-    hold_mid_minute(monkeypatch)
+    limit_per_minute(monkeypatch, 3)
     sandbox_id = sandbox_a["id"]
     token = _token(api_a, sandbox_id, ["exec"])  # the key's bucket, before the low rate
     client = _bearer(token)
@@ -159,8 +157,7 @@ def test_a_kept_principal_reads_nothing_ahead(api_a: APIClient, sandbox_a: dict[
 def test_an_envd_request_with_the_access_token_is_counted_once(
     api_a: APIClient, sandbox_a: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
-    hold_mid_minute(monkeypatch)
+    limit_per_minute(monkeypatch, 3)
     sandbox_id = sandbox_a["id"]
     headers = {
         "X-Access-Token": _token(api_a, sandbox_id, ["exec", "files"]),
@@ -247,8 +244,7 @@ def test_a_sessions_commands_read_no_sandbox_row_once_cached(
 def test_a_sessions_request_is_counted_once_in_the_users_bucket(
     alice: Any, bob: Any, org_a: Organization, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
-    hold_mid_minute(monkeypatch)
+    limit_per_minute(monkeypatch, 3)
     client = _session(alice)
     for _ in range(3):
         assert client.get("/api/v1/sandboxes").status_code == 200

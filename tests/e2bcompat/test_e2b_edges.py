@@ -16,7 +16,7 @@ from billing.models import UsageEvent
 from billing.services import usage_flush
 from sandboxes.models import Sandbox
 from tests.e2bcompat.rpc_calls import list_dir
-from tests.throttle_clock import hold_mid_minute
+from tests.throttle_clock import limit_per_minute
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,8 +29,7 @@ def e2b_client(key: str) -> APIClient:
 
 @pytest.fixture
 def three_a_minute(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(PerKeyRateThrottle, "THROTTLE_RATES", {"per_key": "3/min"})
-    hold_mid_minute(monkeypatch)
+    limit_per_minute(monkeypatch, 3)
     # Fresh buckets: key ids repeat across test databases, Redis outlives them.
     monkeypatch.setattr(
         PerKeyRateThrottle, "cache_format", f"throttle_{uuid.uuid4().hex}_%(scope)s_%(ident)s"
