@@ -164,6 +164,19 @@ class RowLookup(Generic[M]):
             f"WHERE {condition} RETURNING {plan.selected}"
         )
 
+    def insert_sql(self, insert: str, using: str = "default") -> str:
+        """`insert` (an INSERT of one row into the model's table, without RETURNING) that
+        returns the row this lookup would read right after it, joined row included, in the
+        same order (PostgreSQL): the insert is a WITH query named as the table, which the
+        lookup's columns then read, and whose own INSERT still names the table itself."""
+        plan = self._plan(using)
+        table = connections[using].ops.quote_name(self.model._meta.db_table)
+        source = table
+        if plan.joined_table:
+            source += f" INNER JOIN {plan.joined_table} ON {plan.join_condition}"
+        # Identifiers from the models, quoted; the values are the caller's parameters.
+        return f"WITH {table} AS ({insert} RETURNING *) SELECT {plan.selected} FROM {source}"  # noqa: S608
+
     def width(self, using: str = "default") -> int:
         """How many of the statement's columns are the model's own (the joined row's follow)."""
         return len(self._plan(using).columns.attnames)

@@ -168,6 +168,13 @@ def sandbox_started(sandbox: Sandbox, principal: Principal | None, **fields: Any
     sandbox.state = SandboxState.RUNNING
     for name, value in fields.items():
         setattr(sandbox, name, value)
+    keep_started_row(sandbox, row, epoch)
+    return True
+
+
+def keep_started_row(sandbox: Sandbox, row: tuple[Any, ...], epoch: Any) -> None:
+    """Keep `row` (SANDBOX_WITH_ORGANIZATION's, as the write that made `sandbox` running
+    returned it) and its plain part, under `epoch`, read before that write."""
     for lookup, kept in (
         (SANDBOX_WITH_ORGANIZATION, row),
         (SANDBOX_BY_ID_AND_ORGANIZATION, row[: SANDBOX_BY_ID_AND_ORGANIZATION.width()]),
@@ -179,7 +186,6 @@ def sandbox_started(sandbox: Sandbox, principal: Principal | None, **fields: Any
             organization_id=sandbox.organization_id,
             epoch=epoch,
         )
-    return True
 
 
 @cache

@@ -138,15 +138,16 @@ def keep_created(
     organization_id: int,
     epoch: Any,
 ) -> None:
-    """Keep `row`, as `lookup` reads it, which a create's move out of NEVER_KEPT_STATE wrote
-    and returned (RowLookup.update_sql), so that the sandbox's next request (nearly always
-    its first command) reads no row.
+    """Keep `row`, as `lookup` reads it, which a create's write wrote and returned (its move
+    out of NEVER_KEPT_STATE, RowLookup.update_sql, or its insert already running, on a warm
+    sandbox set aside for it, RowLookup.insert_sql), so that the sandbox's next request
+    (nearly always its first command) reads no row.
 
     Kept under the generation that request will read while nothing changes the row: none of
-    the sandbox's own (neither its insert nor that move writes one) and `epoch`, read before
-    the move. Every later write to the row writes a generation, and every change of the
+    the sandbox's own (neither an insert nor that move writes one) and `epoch`, read before
+    the write. Every later write to the row writes a generation, and every change of the
     epoch a new one, so the entry then matches nothing; nor does it if the epoch changed
-    before the move, or a generation was written for the sandbox before it."""
+    before the write, or a generation was written for the sandbox before it."""
     _store(
         (lookup.join or "", sandbox_id),
         _Entry(row, organization_id, (None, epoch), time.monotonic()),

@@ -40,6 +40,7 @@ from .models import LIVE_STATES, Sandbox, SandboxState, Snapshot
 from .provider_access import (
     FAST_COMMIT_SQL,
     fast_commit,
+    keep_started_row,
     provider_call,
     provider_for,
     require_capability,
@@ -64,7 +65,11 @@ from .providers.base import (
     SandboxSpec,
     SandboxStats,
     WarmPooled,
+    WarmReservation,
+    WarmReserving,
 )
+from .row_cache import epoch_read_with
+from .selectors import SANDBOX_WITH_ORGANIZATION
 from .snapshot_store import archives_drop
 from .templates import template_for_sandbox
 from .terminal_registry import terminals_close_for_sandbox
@@ -119,9 +124,13 @@ def capped_sandboxes_lock_and_count(organization_id: int, *, prefix: str = "") -
     return int(live)
 
 
-def sandbox_insert_capped(sandbox: Sandbox, limit: int) -> int | None:
+def sandbox_insert_capped(
+    sandbox: Sandbox, limit: int, principal: Principal | None = None
+) -> int | None:
     """Insert `sandbox` unless its organization already has `limit` sandboxes in
     CAPPED_STATES: None once inserted, else how many it has (and nothing is inserted).
+    A row inserted running for `principal`'s create is kept as sandbox_started keeps
+    the row it moves to running (provider_access.keep_started_row).
 
     Two creates never both pass the limit: the organization's row is locked first and the
     count is read after the lock is granted. On PostgreSQL outside any transaction this is
@@ -135,6 +144,9 @@ def sandbox_insert_capped(sandbox: Sandbox, limit: int) -> int | None:
         alone = not connection.in_atomic_block and connection.get_autocommit()
         if alone and takes_several_statements(cursor) and not SANDBOX_INSERT.saves_through_orm():
             insert_sql = SANDBOX_INSERT.sql_where(f"({count_sql}) < %s")
+            epoch = epoch_read_with(principal) if sandbox.state == SandboxState.RUNNING else None
+            if epoch is not None:
+                insert_sql = SANDBOX_WITH_ORGANIZATION.insert_sql(insert_sql)
             values = SANDBOX_INSERT.values(sandbox)
             cursor.execute(
                 f"{FAST_COMMIT_SQL}; {lock_sql}; {insert_sql}",
@@ -144,6 +156,8 @@ def sandbox_insert_capped(sandbox: Sandbox, limit: int) -> int | None:
                 pass
             if cursor.rowcount == 1:
                 SANDBOX_INSERT.saved(sandbox)
+                if epoch is not None:
+                    keep_started_row(sandbox, cursor.fetchone(), epoch)
                 return None
             cursor.execute(count_sql, [sandbox.organization_id, *states])
             (live,) = cursor.fetchone()
@@ -280,13 +294,6 @@ def sandbox_create(
         expires_at=now + timedelta(seconds=settings.SANDPIT_MAX_LIFETIME_S),
         snapshot=snapshot,
     )
-    live = sandbox_insert_capped(sandbox, limit)
-    if live is not None:
-        raise QuotaExceeded(
-            f"This organization already has {live} live sandboxes (limit {limit}). "
-            "Destroy one or ask an operator to raise the limit.",
-            code="sandbox_limit_reached",
-        )
     spec = SandboxSpec(
         sandbox_id=sandbox.id,
         template=template,
@@ -304,26 +311,65 @@ def sandbox_create(
         rootfs=launch.rootfs if launch else "",
         restore_from=snapshot.location if snapshot is not None else "",
     )
-    release_idle_connection()  # not held while the sandbox starts (common/dbconn.py)
-    try:
-        handle = provider.create(spec)
-    except ProviderError as exc:
-        sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
-        raise
-    started = timezone.now()
-    if not sandbox_started(
-        sandbox,
-        principal,
-        provider_id=handle.provider_id,
-        engine=handle_engine(handle),
-        started_at=started,
-        last_activity_at=started,
-    ):
-        # Destroyed while we were creating it: do not leak the resource.
-        provider.destroy(handle.provider_id)
+    reserved = provider.warm_reserve(spec) if isinstance(provider, WarmReserving) else None
+    if reserved is not None:
+        _create_reserved(sandbox, limit, principal, reserved)
+    else:
+        _refuse_past_limit(sandbox_insert_capped(sandbox, limit), limit)
+        release_idle_connection()  # not held while the sandbox starts (common/dbconn.py)
+        try:
+            handle = provider.create(spec)
+        except ProviderError as exc:
+            sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
+            raise
+        started = timezone.now()
+        if not sandbox_started(
+            sandbox,
+            principal,
+            provider_id=handle.provider_id,
+            engine=handle_engine(handle),
+            started_at=started,
+            last_activity_at=started,
+        ):
+            # Destroyed while we were creating it: do not leak the resource.
+            provider.destroy(handle.provider_id)
     logger.info("sandbox created", extra={"sandbox_id": sandbox.id})
     billing_record(caller, "sandbox.create")
     return sandbox
+
+
+def _refuse_past_limit(live: int | None, limit: int) -> None:
+    """QuotaExceeded when sandbox_insert_capped refused the row (`live` is not None)."""
+    if live is not None:
+        raise QuotaExceeded(
+            f"This organization already has {live} live sandboxes (limit {limit}). "
+            "Destroy one or ask an operator to raise the limit.",
+            code="sandbox_limit_reached",
+        )
+
+
+def _create_reserved(
+    sandbox: Sandbox, limit: int, principal: Principal, reserved: WarmReservation
+) -> None:
+    """The create of a sandbox on a warm one set aside for it: the row goes in already
+    running (one write instead of an insert and a move to running: a round trip to the
+    database fewer), and a refused row gives the warm sandbox back unused."""
+    now = timezone.now()
+    sandbox.state = SandboxState.RUNNING
+    sandbox.provider_id = reserved.provider_id
+    sandbox.engine = reserved.engine
+    sandbox.started_at = sandbox.last_activity_at = now
+    try:
+        _refuse_past_limit(sandbox_insert_capped(sandbox, limit, principal), limit)
+    except BaseException:
+        reserved.release()
+        raise
+    release_idle_connection()  # not held while the sandbox starts (common/dbconn.py)
+    try:
+        reserved.adopt()
+    except ProviderError as exc:
+        sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
+        raise
 
 
 def sandbox_destroy(

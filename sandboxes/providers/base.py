@@ -415,6 +415,38 @@ class WarmPooled(Protocol):
         ...
 
 
+class WarmReservation(Protocol):
+    """A started sandbox a WarmReserving provider set aside for one create, still
+    unchanged: the create either adopts it or releases it, once."""
+
+    provider_id: str
+    """What `adopt` returns as SandboxHandle.provider_id."""
+    engine: str
+    """The engine it runs on ('' for providers without engines)."""
+
+    def adopt(self) -> SandboxHandle:
+        """The sandbox the create's spec asked for, made of the reserved one or, should
+        that fail, started afresh under the same provider_id; raises ProviderError as
+        `create` does."""
+        ...
+
+    def release(self) -> None:
+        """Not needed after all (the create was refused): back to the pool, unused."""
+        ...
+
+
+@runtime_checkable
+class WarmReserving(Protocol):
+    """A provider whose warm pool can set a started sandbox aside for a create before the
+    create is admitted, so that the create can record its sandbox as running in the write
+    that admits it instead of in a second one."""
+
+    def warm_reserve(self, spec: SandboxSpec) -> WarmReservation | None:
+        """A warm sandbox set aside for `spec`, or None when none is idle or `spec` needs
+        one of its own (then `create` as usual)."""
+        ...
+
+
 @runtime_checkable
 class SandboxProvider(Protocol):
     """Every method is synchronous and may block; async callers use a thread.

@@ -33,8 +33,14 @@ CLIENTS, CALLS = 32, int(os.environ.get("BILLING_LIVE_CALLS", "100"))
 
 
 @pytest.fixture
-def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """daphne serving this test's database and Redis prefix on a free loopback port."""
+def server(served: tuple[str, Path]) -> str:
+    return served[0]
+
+
+@pytest.fixture
+def served(transactional_db, settings, tmp_path) -> Iterator[tuple[str, Path]]:  # type: ignore[no-untyped-def]
+    """daphne serving this test's database and Redis prefix on a free loopback port (its
+    URL), and the root of its local sandboxes, with the default warm pool of 8 jails."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         missing_part("needs PostgreSQL and REDIS_URL")
     db = connection.settings_dict
@@ -50,6 +56,7 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
         # Short on purpose: the host reaches a sandbox's agent through a Unix socket under this
         # root, and AF_UNIX paths are limited to 107 bytes (pytest's tmp_path is too long).
         SANDPIT_LOCAL_ROOT=local_root,
+        SANDPIT_LOCAL_WARM_POOL="8",
         SANDPIT_VAR_DIR=str(tmp_path / "var"),
         SANDPIT_LOG_LEVEL="WARNING",
     )
@@ -69,7 +76,7 @@ def server(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: igno
                     "daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:]
                 )
             time.sleep(0.1)
-        yield base
+        yield base, Path(local_root)
     finally:
         process.terminate()
         try:
@@ -201,4 +208,65 @@ def test_racing_creates_stop_exactly_at_the_limit_and_only_those_count(server, o
     services.usage_flush()
     assert UsageEvent.objects.filter(organization=org_a, operation="sandbox.create").count() == 3
     for sandbox_id in made:
+        httpx.delete(f"{server}/api/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)
+
+
+def _warm_jails(root: Path) -> set[str]:
+    """The warm jails ready under `root` (each has written its state)."""
+    return {path.name for path in root.glob("warm-*") if (path / "state.json").exists()}
+
+
+def test_racing_creates_on_a_full_warm_pool_give_the_refused_ones_jails_back(served, org_a, key_a):  # type: ignore[no-untyped-def]
+    """Twelve creates at once against a limit of three, on a full pool of eight: each that
+    finds a warm jail sets it aside before its row is admitted, and the refused ones give
+    theirs back unused (a tenant at its limit cannot burn the pool): of the eight jails
+    idle before, all but the three admitted ones are still there after."""
+    server, root = served
+    Organization.objects.filter(pk=org_a.pk).update(max_concurrent_sandboxes=3)
+    headers = {"Authorization": f"Bearer {key_a}"}
+    first = httpx.post(f"{server}/api/v1/sandboxes", json={}, headers=headers, timeout=60)
+    assert first.status_code == 201, first.text  # starts the pool
+    assert httpx.delete(
+        f"{server}/api/v1/sandboxes/{first.json()['id']}", headers=headers, timeout=60
+    ).is_success
+    deadline = time.monotonic() + 60
+    while len(_warm_jails(root)) < 8:
+        assert time.monotonic() < deadline, _warm_jails(root)
+        time.sleep(0.1)
+    time.sleep(0.5)  # the last one's agent answers shortly after its state is written
+    before = _warm_jails(root)
+    barrier = threading.Barrier(12)
+    responses: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def create() -> None:
+        with httpx.Client(headers=headers, timeout=60) as http:
+            http.get(f"{server}/health/live")  # connected before the race
+            barrier.wait(30)
+            response = http.post(f"{server}/api/v1/sandboxes", json={})
+        with lock:
+            responses.append(response)
+
+    threads = [threading.Thread(target=create) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    made = [r.json()["id"] for r in responses if r.status_code == 201]
+    refused = [r.json()["error"]["code"] for r in responses if r.status_code == 429]
+    assert len(made) == 3 and refused == ["sandbox_limit_reached"] * 9, [
+        (r.status_code, r.text[:200]) for r in responses
+    ]
+    live = Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES)
+    assert sorted(live.values_list("pk", flat=True)) == sorted(made)
+    assert all(sandbox.provider_id == sandbox.pk for sandbox in live)
+    assert len(before & _warm_jails(root)) == 5, (before, _warm_jails(root))
+    for sandbox_id in made:
+        response = httpx.post(
+            f"{server}/api/v1/sandboxes/{sandbox_id}/commands",
+            json={"command": "echo $((6*7))"},
+            headers=headers,
+            timeout=60,
+        )
+        assert response.json()["stdout"] == "42\n", response.text
         httpx.delete(f"{server}/api/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)

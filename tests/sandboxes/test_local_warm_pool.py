@@ -312,6 +312,127 @@ def test_a_failed_claim_falls_back_to_a_cold_start(warm_provider, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
+# reserving: a warm jail set aside before the create is admitted
+# ---------------------------------------------------------------------------
+
+
+def test_a_released_reservation_is_the_next_creates_jail_unchanged(warm_provider):
+    """A create refused after its reservation (its organization at its limit) spends no
+    warm jail: the very jail goes back, first in line, and the next create adopts it."""
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    assert reserved is not None and reserved.engine == ""
+    assert warm_provider._pool.idle_count() == 1
+    set_aside = {d for d in before if d not in {w.jail_id for w in warm_provider._pool._idle}}
+    assert len(set_aside) == 1
+    reserved.release()
+    reserved.release()  # once only: a second release gives nothing back twice
+    assert warm_provider._pool.idle_count() == 2
+    assert _pool_dirs(warm_provider.root_dir) == before
+    nxt = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    try:
+        assert _was_warm(warm_provider, nxt.provider_id)
+        assert set_aside == {
+            Path(p).name for p in _state(warm_provider, nxt.provider_id)["cgroups"].values()
+        }
+        assert sh(warm_provider, nxt.provider_id, "echo ok").stdout == b"ok\n"
+    finally:
+        warm_provider.destroy(nxt.provider_id)
+
+
+def test_an_adopted_reservation_is_the_sandbox_the_spec_asked_for(warm_provider):
+    assert warm_provider._pool.wait_full(30)
+    sandbox_id = uuid.uuid4().hex
+    spec = SandboxSpec(sandbox_id=sandbox_id, env={"WHO": "me"}, labels={"k": "v"})
+    reserved = warm_provider.warm_reserve(spec)
+    assert reserved is not None and reserved.provider_id == sandbox_id
+    assert not (warm_provider.root_dir / sandbox_id).exists()  # nothing is its own yet
+    handle = reserved.adopt()
+    try:
+        assert handle.provider_id == sandbox_id and handle.labels == {"k": "v"}
+        assert _was_warm(warm_provider, sandbox_id)
+        assert sh(warm_provider, sandbox_id, "echo $WHO").stdout == b"me\n"
+        with pytest.raises(RuntimeError):
+            reserved.adopt()
+        reserved.release()  # after the adopt: nothing to give back
+        assert warm_provider.get(sandbox_id).state == SandboxState.RUNNING
+    finally:
+        warm_provider.destroy(sandbox_id)
+
+
+def test_no_reservation_for_a_spec_a_warm_jail_cannot_serve(warm_provider):
+    """Those go through create, which starts them cold or says what is wrong; nothing is
+    taken from the pool."""
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    for spec in (
+        SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True),
+        SandboxSpec(sandbox_id=uuid.uuid4().hex, rootfs="/nonexistent"),
+        SandboxSpec(sandbox_id=uuid.uuid4().hex, restore_from="/nonexistent"),
+        SandboxSpec(sandbox_id="../escape"),
+        SandboxSpec(sandbox_id=uuid.uuid4().hex, env={"A=B": "c"}),
+    ):
+        assert warm_provider.warm_reserve(spec) is None, spec
+    assert warm_provider._pool.idle_count() == 2
+    assert _pool_dirs(warm_provider.root_dir) == before
+    cold = LocalProvider(root_dir=jail_root("cold"), warm_pool=0)
+    assert cold.warm_reserve(SandboxSpec(sandbox_id=uuid.uuid4().hex)) is None
+
+
+def test_a_reservation_whose_jail_fails_is_started_cold_under_its_id(warm_provider, monkeypatch):
+    assert warm_provider._pool.wait_full(30)
+    sandbox_id = uuid.uuid4().hex
+    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id, env={"A": "b"}))
+    assert reserved is not None
+    set_limits = jail.cgroups_set_limits
+
+    def refuse_warm(paths: dict[str, str], res: Resources) -> bool:
+        warm = any(f"/{PREFIX}" in path for path in paths.values())
+        return not warm and set_limits(paths, res)
+
+    monkeypatch.setattr(jail, "cgroups_set_limits", refuse_warm)
+    handle = reserved.adopt()
+    monkeypatch.undo()
+    try:
+        assert handle.provider_id == sandbox_id
+        assert not _was_warm(warm_provider, sandbox_id)
+        assert sh(warm_provider, sandbox_id, "echo $A").stdout == b"b\n"
+    finally:
+        warm_provider.destroy(sandbox_id)
+
+
+def test_a_reservation_of_an_id_already_taken_gives_its_jail_back(warm_provider, make_warm):
+    sandbox = make_warm()
+    assert warm_provider._pool.wait_full(30)
+    before = _pool_dirs(warm_provider.root_dir)
+    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox))
+    assert reserved is not None
+    with pytest.raises(InvalidRequest):
+        reserved.adopt()
+    assert _pool_dirs(warm_provider.root_dir) == before
+    assert warm_provider._pool.idle_count() == 2
+    assert sh(warm_provider, sandbox, "echo still").stdout == b"still\n"
+
+
+def test_a_jail_given_back_to_a_closed_pool_is_destroyed():
+    root = jail_root("warm-closed")
+    provider = LocalProvider(root_dir=root, warm_pool=1)
+    try:
+        assert provider._pool is not None
+        provider.warm_pool_start()
+        assert provider._pool.wait_full(30)
+        reserved = provider.warm_reserve(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+        assert reserved is not None
+        provider.close()
+        assert len(_pool_dirs(root)) == 1  # close() destroyed the idle ones only
+        reserved.release()
+        assert _pool_dirs(root) == set()
+    finally:
+        provider.close()
+
+
+# ---------------------------------------------------------------------------
 # ownership: one process's pool, cleaned up by close(), exit, or the reconciler
 # ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ is open."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -27,6 +28,10 @@ from sandboxes import row_cache
 from sandboxes.activity import sandbox_touch, sandbox_touch_id
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.provider_access import sandbox_started, sandbox_transition
+from sandboxes.providers import get_provider, reset_providers
+from sandboxes.providers.base import ProviderUnavailable
+from sandboxes.providers.local import LocalProvider, jail
+from sandboxes.providers.local.pool import PREFIX as WARM_PREFIX
 from sandboxes.selectors import (
     SANDBOX_BY_ID_AND_ORGANIZATION,
     SANDBOX_WITH_ORGANIZATION,
@@ -36,6 +41,7 @@ from tests import organization_writes
 from tests.caches import own_cache_prefix, row_reads, until_no_row_is_read
 from tests.conftest import assert_error
 from tests.other_process import run_in_another_process
+from tests.requirements import jail_root
 
 
 @pytest.fixture(autouse=True)
@@ -672,3 +678,111 @@ def test_a_sandboxs_first_command_after_its_create_reads_no_row(
     assert (body.status_code, reads, body.json()["state"]) == (200, 0, "running")
     assert api_a.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
     assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
+
+
+@pytest.fixture
+def warm_local(settings: Any) -> Iterator[Any]:
+    """The real local provider with a pool of two warm jails, full before the test runs."""
+    settings.SANDPIT_PROVIDERS = ["local"]
+    settings.SANDPIT_DEFAULT_PROVIDER = "local"
+    settings.SANDPIT_LOCAL_ROOT = jail_root("warm-api")
+    settings.SANDPIT_LOCAL_WARM_POOL = 2
+    reset_providers()
+    provider = get_provider("local")
+    provider.warm_pool_start()
+    assert provider._pool.wait_full(30), "the warm pool did not fill"
+    yield provider
+    for handle in provider.list_sandboxes():
+        provider.destroy(handle.provider_id)
+    reset_providers()
+
+
+def _warm_dirs(provider: Any) -> set[str]:
+    return {path.name for path in provider.root_dir.glob(f"{WARM_PREFIX}*")}
+
+
+@pytest.mark.django_db(transaction=True)  # outside a transaction, as a request runs it
+def test_a_create_on_a_warm_jail_writes_its_row_once_running_and_keeps_it(
+    api_a: APIClient, org_a: Organization, warm_local: Any
+) -> None:
+    """A warm jail is set aside before the create is admitted, so the row goes in already
+    running: one statement writes the sandbox table (no move to running after it), what
+    the create keeps is what each lookup then reads, and the first command reads no row."""
+    epoch = _epoch()
+    _known_key(api_a)
+    with CaptureQueriesContext(connections["default"]) as queries:
+        response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["state"] == "running"
+    sandbox_id = response.json()["id"]
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if '"sandboxes_sandbox"' in q["sql"] and not q["sql"].startswith("SELECT")
+    ]
+    assert len(writes) == 1 and 'INSERT INTO "sandboxes_sandbox"' in writes[0], writes
+    assert 'UPDATE "sandboxes_sandbox"' not in writes[0]
+    row = Sandbox.objects.get(pk=sandbox_id)
+    assert (row.state, row.provider_id, row.engine) == (SandboxState.RUNNING, sandbox_id, "")
+    assert row.started_at is not None and row.last_activity_at == row.started_at
+    state = json.loads((warm_local.root_dir / sandbox_id / "state.json").read_text())
+    assert all(f"/{WARM_PREFIX}" in path for path in state["cgroups"].values())  # was warm
+    for lookup, join in (
+        (SANDBOX_WITH_ORGANIZATION, "organization"),
+        (SANDBOX_BY_ID_AND_ORGANIZATION, ""),
+    ):
+        kept = row_cache._rows[(join, sandbox_id)]
+        assert kept.row == lookup.row(sandbox_id, org_a.pk)
+        assert kept.generation == (None, epoch)
+    command, reads = row_reads(
+        lambda: api_a.post(
+            f"/api/v1/sandboxes/{sandbox_id}/commands", {"command": "echo hi"}, format="json"
+        ),
+        ('"sandboxes_sandbox"', '"accounts_organization"'),
+    )
+    assert command.status_code == 200 and command.json()["stdout"] == "hi\n", command.content
+    assert reads == 0
+    assert api_a.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+    assert _fresh(api_a, sandbox_id)["state"] == "destroyed"
+
+
+@pytest.mark.django_db
+def test_a_create_refused_at_the_limit_spends_no_warm_jail(
+    api_a: APIClient, org_a: Organization, warm_local: Any
+) -> None:
+    Organization.objects.filter(pk=org_a.pk).update(max_concurrent_sandboxes=1)
+    _row(org_a)
+    before = _warm_dirs(warm_local)
+    for _ in range(3):
+        assert_error(
+            api_a.post("/api/v1/sandboxes", {}, format="json"), 429, "sandbox_limit_reached"
+        )
+    assert _warm_dirs(warm_local) == before and len(before) == 2
+    assert warm_local._pool.idle_count() == 2
+    assert Sandbox.objects.filter(organization=org_a).count() == 1
+    assert row_cache.held() == (0, 0)
+
+
+@pytest.mark.django_db
+def test_a_warm_create_that_cannot_start_ends_in_error_and_is_read_so(
+    api_a: APIClient, org_a: Organization, warm_local: Any, monkeypatch: Any
+) -> None:
+    """The row went in running before the jail was adopted; neither the warm jail nor a cold
+    start could give the sandbox its limits, so it ends in error, and the row the create
+    kept is not served after that."""
+    _epoch()
+    _known_key(api_a)
+    monkeypatch.setattr(jail, "cgroups_set_limits", lambda paths, res: False)
+    monkeypatch.setattr(
+        LocalProvider,
+        "_start_cold",
+        lambda self, spec, sdir, env: (_ for _ in ()).throw(
+            ProviderUnavailable("no cold start in this test")
+        ),
+    )
+    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    assert response.status_code == 503, response.content
+    assert response.json()["error"]["message"] == "no cold start in this test"
+    (row,) = Sandbox.objects.filter(organization=org_a)
+    assert row.state == SandboxState.ERROR and row.error_message == "no cold start in this test"
+    assert _fresh(api_a, row.pk)["state"] == "error"

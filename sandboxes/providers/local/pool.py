@@ -181,17 +181,40 @@ class WarmPool:
                     self._together_at = time.monotonic()
                 self._cond.notify_all()
 
-    def claim(self, adopt: Callable[[WarmJail], T]) -> T | None:
-        """`adopt(warm)` on an idle jail; None when the pool is empty or adopting
-        failed (the jail is destroyed then and the caller should start one cold)."""
+    def take(self) -> WarmJail | None:
+        """An idle jail set aside, unchanged, for one caller to `claim` or `give_back`;
+        None when the pool is empty (nothing is recorded: the claim that follows does it)."""
         with self._cond:
             if self._closed or not self._idle:
+                return None
+            self._last_claim = time.monotonic()
+            return self._idle.pop(0)
+
+    def give_back(self, warm: WarmJail) -> None:
+        """A jail `take` set aside and nothing changed: idle again, first in line."""
+        with self._cond:
+            kept = not self._closed and self._pid == os.getpid()
+            if kept:
+                self._idle.insert(0, warm)
+                self._cond.notify_all()
+        if not kept:
+            self._destroy_quietly(warm)
+
+    def claim(self, adopt: Callable[[WarmJail], T], taken: WarmJail | None = None) -> T | None:
+        """`adopt(warm)` on an idle jail (`taken`, when one was set aside for it); None
+        when the pool is empty or adopting failed (the jail is destroyed then and the
+        caller should start one cold)."""
+        with self._cond:
+            if taken is not None:
+                warm = taken
+            elif self._closed or not self._idle:
                 if not self._closed and self._threads:  # not the first create: it fills it
                     self._sizing.miss()
                 self._wake_locked()
                 return None
-            warm = self._idle.pop(0)
-            self._last_claim = time.monotonic()
+            else:
+                warm = self._idle.pop(0)
+                self._last_claim = time.monotonic()
         try:
             return adopt(warm)
         except Exception:  # noqa: BLE001 - any failure means "start it cold instead"

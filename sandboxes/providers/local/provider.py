@@ -54,7 +54,7 @@ from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.files import Workspace
 from sandboxes.providers.local.identity import DEFAULT_UID_LOCK_DIR, HostIdentities
 from sandboxes.providers.local.operations import JailOperations
-from sandboxes.providers.local.pool import WarmPool, owner_alive
+from sandboxes.providers.local.pool import WarmJail, WarmPool, owner_alive
 from sandboxes.providers.local.snapshot import (
     LocalSnapshots,
     cgroups_thaw,
@@ -198,32 +198,53 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
     def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Start the jail and return once its agent accepts connections (~25 ms; ~1 ms
         when a warm jail is claimed)."""
-        if not _ID_RE.match(spec.sandbox_id):
-            raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
-        env = {str(k): str(v) for k, v in spec.env.items()}
-        check_env(env)
-        if spec.network and self._net_tools is None:
-            raise CapabilityNotSupported(
-                "network=True needs slirp4netns, nsenter and nft on the host "
-                "(apt-get install slirp4netns nftables); without them the local provider "
-                "refuses rather than share the host's network"
-            )
-        sdir = self.root_dir / spec.sandbox_id
+        return self._create(spec, None)
+
+    def warm_reserve(self, spec: SandboxSpec) -> LocalWarmReservation | None:
+        """An idle warm jail set aside for `spec` (see WarmReserving), or None when the pool
+        has none or `spec` cannot take one (or is invalid: `create` says why)."""
+        if self._pool is None or not self._warm_fits(spec) or not _ID_RE.match(spec.sandbox_id):
+            return None
         try:
-            sdir.mkdir(mode=0o700)
-        except FileExistsError:
-            raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
-        # Warm jails run on the host's /usr: a template's root needs a jail of its own. Only
-        # the creates a warm jail could serve tell the pool of a burst: a restore or a
+            check_env({str(k): str(v) for k, v in spec.env.items()})
+        except InvalidRequest:
+            return None
+        warm = self._pool.take()
+        return None if warm is None else LocalWarmReservation(self, spec, warm)
+
+    def _warm_fits(self, spec: SandboxSpec) -> bool:
+        # Warm jails run on the host's /usr: a template's root needs a jail of its own.
+        return not spec.network and not spec.rootfs and not spec.restore_from
+
+    def _create(self, spec: SandboxSpec, taken: WarmJail | None) -> SandboxHandle:
+        """create(), on `taken` (a warm jail set aside for it) when there is one."""
+        try:
+            if not _ID_RE.match(spec.sandbox_id):
+                raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
+            env = {str(k): str(v) for k, v in spec.env.items()}
+            check_env(env)
+            if spec.network and self._net_tools is None:
+                raise CapabilityNotSupported(
+                    "network=True needs slirp4netns, nsenter and nft on the host "
+                    "(apt-get install slirp4netns nftables); without them the local provider "
+                    "refuses rather than share the host's network"
+                )
+            sdir = self.root_dir / spec.sandbox_id
+            try:
+                sdir.mkdir(mode=0o700)
+            except FileExistsError:
+                raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
+        except BaseException:
+            if taken is not None and self._pool is not None:
+                self._pool.give_back(taken)
+            raise
+        # Only the creates a warm jail could serve tell the pool of a burst: a restore or a
         # template's jail may take seconds, and a stream of creates beside it should refill.
-        if (
-            self._pool is not None
-            and not spec.network
-            and not spec.rootfs
-            and not spec.restore_from
-        ):
+        if self._pool is not None and self._warm_fits(spec):
             with self._pool.creating():
-                handle = self._pool.claim(lambda warm: self._adopt(warm, spec, sdir, env))
+                handle = self._pool.claim(
+                    lambda warm: self._adopt(warm, spec, sdir, env), taken=taken
+                )
                 return handle if handle is not None else self._start_cold(spec, sdir, env)
         return self._start_cold(spec, sdir, env)
 
@@ -491,3 +512,28 @@ def _disk_usage_fd(fd: int, depth: int) -> int:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
+
+
+class LocalWarmReservation:
+    """A warm jail LocalProvider.warm_reserve set aside for one create (see WarmReservation):
+    adopted under the sandbox's id, or given back to the pool unchanged."""
+
+    engine = ""
+
+    def __init__(self, provider: LocalProvider, spec: SandboxSpec, warm: WarmJail) -> None:
+        self.provider_id = spec.sandbox_id
+        self._provider = provider
+        self._spec = spec
+        self._warm: WarmJail | None = warm
+
+    def adopt(self) -> SandboxHandle:
+        warm, self._warm = self._warm, None
+        if warm is None:
+            raise RuntimeError("this reservation was already adopted or released")
+        return self._provider._create(self._spec, warm)
+
+    def release(self) -> None:
+        warm, self._warm = self._warm, None
+        pool = self._provider._pool
+        if warm is not None and pool is not None:
+            pool.give_back(warm)
