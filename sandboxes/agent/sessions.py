@@ -351,7 +351,21 @@ class Session:
             try:
                 client.conn.sendall(data)
             except OSError:  # gone, or not reading for SEND_TIMEOUT_S
+                self._last_frames(fd, client)
                 self._drop(fd)
+
+    def _last_frames(self, fd: int, client: _Client) -> None:
+        """What a client sent before it went, still unread: a link that hands over one frame
+        and closes (a close of stdin, a signal, keystrokes from another web process) is gone
+        when output is next written to it, and its frame must not be lost with it."""
+        while fd in self.clients:
+            try:
+                data = client.conn.recv(CHUNK, socket.MSG_DONTWAIT)
+            except OSError:
+                return
+            if not data:
+                return
+            self._frames(fd, client, data)
 
     def _take_joining(self, poller: select.poll) -> None:
         with self.lock:
