@@ -368,8 +368,9 @@ def sandbox_session_send(
     *, sandbox: Sandbox, session_id: str, kind: str, payload: bytes = b""
 ) -> None:
     """Hand one frame to an agent-held terminal or run (`kind`: 'stdin', 'close_stdin',
-    'signal' with the number as text) through a connection of its own, which is closed
-    once the agent has it: input sent by one call arrives before the next call's. Not
+    'signal' with the number as text) through a connection of its own, closed once the
+    frame is sent: the agent reads it even from a link already closed (its sessions.py
+    `_last_frames`), and input sent by one call arrives before the next call's. Not
     counted: the caller counted it first (sandbox_exec_stream_stdin, the terminal rule,
     a signal's service). ProcessNotFound when the agent does not know the session.
     Synchronous: call from a thread."""
