@@ -433,6 +433,75 @@ def test_a_jail_given_back_to_a_closed_pool_is_destroyed():
 
 
 # ---------------------------------------------------------------------------
+# priority: refills in the background, sandboxes at the server's own
+# ---------------------------------------------------------------------------
+
+
+def _nice(stat: Path) -> int:
+    """The nice value in a /proc/<pid>/stat (or task/<tid>/stat): its 19th field."""
+    return int(stat.read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _thread_nice(thread: threading.Thread) -> int:
+    assert thread.native_id is not None
+    return _nice(Path(f"/proc/self/task/{thread.native_id}/stat"))
+
+
+def test_refills_run_at_the_lowest_priority_and_sandboxes_at_the_servers(warm_provider):
+    """The refill workers' Python runs at BACKGROUND_NICE; the jails they start (and any
+    thread the start creates) at the priority the process runs at, which a claimed
+    sandbox's commands then have too: nice is inherited, and a sandbox must not run at the
+    refill's."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base >= warm_pool.BACKGROUND_NICE:
+        missing_part("this test process already runs at the lowest priority")
+    assert warm_provider._pool.wait_full(30)
+    workers = warm_provider._pool._threads
+    assert workers and all(_thread_nice(t) == warm_pool.BACKGROUND_NICE for t in workers)
+    reaper = [t for t in threading.enumerate() if t.name == "sandpit-local-reaper"]
+    assert reaper and all(_thread_nice(t) == base for t in reaper)
+    for jail_id in _pool_dirs(warm_provider.root_dir):
+        state = _state(warm_provider, jail_id)
+        for pid in (state["bwrap_pid"], state["jail_pid"]):
+            assert _nice(Path(f"/proc/{pid}/stat")) == base, (jail_id, pid)
+    sandbox = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    try:
+        assert _was_warm(warm_provider, sandbox.provider_id)
+        assert sh(warm_provider, sandbox.provider_id, "nice").stdout == f"{base}\n".encode()
+    finally:
+        warm_provider.destroy(sandbox.provider_id)
+
+
+def test_refills_keep_the_servers_priority_where_they_could_not_come_back(
+    warm_provider, monkeypatch
+):
+    """Without the right to raise a priority again (no CAP_SYS_NICE nor RLIMIT_NICE: the
+    kernel's rule, stood in for here since this test runs as root), the workers stay at the
+    process's priority rather than start jails at theirs."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    if base >= warm_pool.BACKGROUND_NICE:
+        missing_part("this test process already runs at the lowest priority")
+    set_priority = os.setpriority
+
+    def unprivileged(which: int, who: int, value: int) -> None:
+        if value < os.getpriority(which, who):
+            raise PermissionError(1, "Operation not permitted")
+        set_priority(which, who, value)
+
+    assert warm_provider._pool.wait_full(30)  # no refill of its under the stand-in
+    monkeypatch.setattr(warm_pool.os, "setpriority", unprivileged)
+    provider = LocalProvider(root_dir=jail_root("warm-nice"), warm_pool=1)
+    try:
+        provider.warm_pool_start()
+        assert provider._pool is not None and provider._pool.wait_full(30)
+        assert [_thread_nice(t) for t in provider._pool._threads] == [base]
+        (jail_id,) = _pool_dirs(provider.root_dir)
+        assert _nice(Path(f"/proc/{_state(provider, jail_id)['jail_pid']}/stat")) == base
+    finally:
+        provider.close()
+
+
+# ---------------------------------------------------------------------------
 # ownership: one process's pool, cleaned up by close(), exit, or the reconciler
 # ---------------------------------------------------------------------------
 

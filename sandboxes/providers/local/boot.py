@@ -14,6 +14,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypedDict
@@ -28,7 +30,7 @@ from sandboxes.providers.base import (
 from sandboxes.providers.local import jail, launcher, net, rootfs, volume
 from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.identity import HostIdentities
-from sandboxes.providers.local.pool import WarmJail, pool_name
+from sandboxes.providers.local.pool import WarmJail, WarmPool, pool_name
 from sandboxes.providers.local.reaper import REAPER
 from sandboxes.providers.local.snapshot import restore_files
 
@@ -57,6 +59,7 @@ class JailBoot:
     _net_tools: net.NetTools | None
     _bwraps: dict[str, subprocess.Popen[bytes]]
     _lock: threading.Lock
+    _pool: WarmPool | None
 
     def _teardown(self, provider_id: str, sdir: Path, state: jail.JailState | None) -> None:
         raise NotImplementedError  # LocalProvider's
@@ -70,7 +73,13 @@ class JailBoot:
         sdir.mkdir(mode=0o700)
         config_r, config_w = os.pipe()
         try:
-            self._start(SandboxSpec(sandbox_id=jail_id), sdir, {}, config_fd=config_r)
+            self._start(
+                SandboxSpec(sandbox_id=jail_id),
+                sdir,
+                {},
+                config_fd=config_r,
+                process_start=self._pool.process_start if self._pool is not None else None,
+            )
         except BaseException:
             os.close(config_w)
             self._teardown(jail_id, sdir, None)
@@ -142,9 +151,11 @@ class JailBoot:
         env: dict[str, str],
         *,
         config_fd: int | None = None,
+        process_start: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> SandboxHandle:
         """Start a jail for `spec` in `sdir`. With `config_fd` it is a warm jail: its
-        agent takes its configuration from that pipe (see pool.py)."""
+        agent takes its configuration from that pipe (see pool.py). `process_start`: around
+        starting its first process (WarmPool.process_start)."""
         warm = config_fd is not None
         res = spec.resources
         host_uid = self._identities.acquire(spec.sandbox_id)
@@ -222,29 +233,32 @@ class JailBoot:
             )
         else:
             argv, run_as = _run_as(argv, host_uid)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
-                start_new_session=True,
-                **run_as,
-            )
-        except OSError as exc:
-            raise ProviderUnavailable(
-                f"cannot run {self.bwrap_path}: {exc}. {BWRAP_INSTALL_HINT}"
-            ) from None
-        finally:
-            log.close()
-            for fd in (info_w, block_r, ready_w):
-                os.close(fd)
+        # Its first process, and its reaping thread should this start it, at the priority
+        # process_start gives (the jail's processes inherit it).
+        with (process_start or nullcontext)():
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(info_w, block_r, ready_w, *((config_fd,) if warm else ())),
+                    start_new_session=True,
+                    **run_as,
+                )
+            except OSError as exc:
+                raise ProviderUnavailable(
+                    f"cannot run {self.bwrap_path}: {exc}. {BWRAP_INSTALL_HINT}"
+                ) from None
+            finally:
+                log.close()
+                for fd in (info_w, block_r, ready_w):
+                    os.close(fd)
+            REAPER.watch(proc)
         if warm and "cpu" in cgroups:
             # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
             # has not cloned the jail yet, and the jail joins this cgroup anyway.
             jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
-        REAPER.watch(proc)
         with self._lock:
             for sid, old in list(self._bwraps.items()):
                 if old.returncode is not None:  # jails destroyed by another process
