@@ -181,28 +181,7 @@ def test_racing_creates_stop_exactly_at_the_limit_and_only_those_count(server, o
     against a limit of three leave exactly three, and only those are metered."""
     Organization.objects.filter(pk=org_a.pk).update(max_concurrent_sandboxes=3)
     headers = {"Authorization": f"Bearer {key_a}"}
-    barrier = threading.Barrier(12)
-    responses: list[httpx.Response] = []
-    lock = threading.Lock()
-
-    def create() -> None:
-        with httpx.Client(headers=headers, timeout=60) as http:
-            http.get(f"{server}/health/live")  # connected before the race
-            barrier.wait(30)
-            response = http.post(f"{server}/api/v1/sandboxes", json={})
-        with lock:
-            responses.append(response)
-
-    threads = [threading.Thread(target=create) for _ in range(12)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    made = [r.json()["id"] for r in responses if r.status_code == 201]
-    refused = [r.json()["error"] for r in responses if r.status_code == 429]
-    assert len(made) == 3 and len(refused) == 9, [(r.status_code, r.text[:200]) for r in responses]
-    assert {error["code"] for error in refused} == {"sandbox_limit_reached"}
-    assert all("(limit 3)" in error["message"] for error in refused)
+    made = _twelve_creates_at_once_against_a_limit_of_three(server, headers)
     live = Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES)
     assert sorted(live.values_list("pk", flat=True)) == sorted(made)
     services.usage_flush()
@@ -235,6 +214,27 @@ def test_racing_creates_on_a_full_warm_pool_give_the_refused_ones_jails_back(ser
         time.sleep(0.1)
     time.sleep(0.5)  # the last one's agent answers shortly after its state is written
     before = _warm_jails(root)
+    made = _twelve_creates_at_once_against_a_limit_of_three(server, headers)
+    live = Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES)
+    assert sorted(live.values_list("pk", flat=True)) == sorted(made)
+    assert all(sandbox.provider_id == sandbox.pk for sandbox in live)
+    assert len(before & _warm_jails(root)) == 5, (before, _warm_jails(root))
+    for sandbox_id in made:
+        response = httpx.post(
+            f"{server}/api/v1/sandboxes/{sandbox_id}/commands",
+            json={"command": "echo $((6*7))"},
+            headers=headers,
+            timeout=60,
+        )
+        assert response.json()["stdout"] == "42\n", response.text
+        httpx.delete(f"{server}/api/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)
+
+
+def _twelve_creates_at_once_against_a_limit_of_three(
+    server: str, headers: dict[str, str]
+) -> list[str]:
+    """Twelve clients, each connected first, create at once: exactly three are made (their
+    ids) and nine refused with 'sandbox_limit_reached' naming the limit."""
     barrier = threading.Barrier(12)
     responses: list[httpx.Response] = []
     lock = threading.Lock()
@@ -253,20 +253,8 @@ def test_racing_creates_on_a_full_warm_pool_give_the_refused_ones_jails_back(ser
     for thread in threads:
         thread.join(120)
     made = [r.json()["id"] for r in responses if r.status_code == 201]
-    refused = [r.json()["error"]["code"] for r in responses if r.status_code == 429]
-    assert len(made) == 3 and refused == ["sandbox_limit_reached"] * 9, [
-        (r.status_code, r.text[:200]) for r in responses
-    ]
-    live = Sandbox.objects.filter(organization=org_a, state__in=CAPPED_STATES)
-    assert sorted(live.values_list("pk", flat=True)) == sorted(made)
-    assert all(sandbox.provider_id == sandbox.pk for sandbox in live)
-    assert len(before & _warm_jails(root)) == 5, (before, _warm_jails(root))
-    for sandbox_id in made:
-        response = httpx.post(
-            f"{server}/api/v1/sandboxes/{sandbox_id}/commands",
-            json={"command": "echo $((6*7))"},
-            headers=headers,
-            timeout=60,
-        )
-        assert response.json()["stdout"] == "42\n", response.text
-        httpx.delete(f"{server}/api/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)
+    refused = [r.json()["error"] for r in responses if r.status_code == 429]
+    assert len(made) == 3 and len(refused) == 9, [(r.status_code, r.text[:200]) for r in responses]
+    assert {error["code"] for error in refused} == {"sandbox_limit_reached"}
+    assert all("(limit 3)" in error["message"] for error in refused)
+    return made
