@@ -45,7 +45,12 @@ class ExecBridge:
         return data
 
     def _demultiplex(self, inner: socket.socket) -> None:
-        """Exec output frames -> the socketpair: stdout payloads only."""
+        """Exec output frames -> the socketpair: stdout payloads only.
+
+        Once the caller is gone, output is read to the exec's end and dropped rather than
+        the exec closed: what the caller sent just before it went may still be on its way
+        in (_forward), and the agent reads it even from a client that has gone."""
+        delivering = True
         try:
             while header := self._read_exactly(FRAME.size):
                 stream_id, size = FRAME.unpack(header)
@@ -54,8 +59,11 @@ class ExecBridge:
                     if not chunk:
                         return
                     size -= len(chunk)
-                    if stream_id == 1:
-                        inner.sendall(chunk)
+                    if stream_id == 1 and delivering:
+                        try:
+                            inner.sendall(chunk)
+                        except OSError:
+                            delivering = False
         except OSError:
             pass
         finally:
