@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -210,7 +211,14 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         except InvalidRequest:
             return None
         warm = self._pool.take()
-        return None if warm is None else LocalWarmReservation(self, spec, warm)
+        if warm is None:
+            return None
+        return LocalWarmReservation(
+            spec.sandbox_id,
+            warm,
+            adopt=lambda taken: self._create(spec, taken),
+            give_back=self._pool.give_back,
+        )
 
     def _warm_fits(self, spec: SandboxSpec) -> bool:
         # Warm jails run on the host's /usr: a template's root needs a jail of its own.
@@ -516,24 +524,31 @@ def _ms(started: float) -> float:
 
 class LocalWarmReservation:
     """A warm jail LocalProvider.warm_reserve set aside for one create (see WarmReservation):
-    adopted under the sandbox's id, or given back to the pool unchanged."""
+    adopted under the sandbox's id (`adopt`: the provider's create on it), or handed back to
+    the pool unchanged (`give_back`). Either happens once."""
 
     engine = ""
 
-    def __init__(self, provider: LocalProvider, spec: SandboxSpec, warm: WarmJail) -> None:
-        self.provider_id = spec.sandbox_id
-        self._provider = provider
-        self._spec = spec
+    def __init__(
+        self,
+        provider_id: str,
+        warm: WarmJail,
+        *,
+        adopt: Callable[[WarmJail], SandboxHandle],
+        give_back: Callable[[WarmJail], None],
+    ) -> None:
+        self.provider_id = provider_id
         self._warm: WarmJail | None = warm
+        self._adopt_jail = adopt
+        self._give_back = give_back
 
     def adopt(self) -> SandboxHandle:
         warm, self._warm = self._warm, None
         if warm is None:
             raise RuntimeError("this reservation was already adopted or released")
-        return self._provider._create(self._spec, warm)
+        return self._adopt_jail(warm)
 
     def release(self) -> None:
         warm, self._warm = self._warm, None
-        pool = self._provider._pool
-        if warm is not None and pool is not None:
-            pool.give_back(warm)
+        if warm is not None:
+            self._give_back(warm)
