@@ -2,7 +2,7 @@
 (sandboxes/providers/docker/create.py: start_container).
 
 The refusal itself cannot be produced on demand here (seen about once in ten full test runs
-under gVisor, never reproduced), so these tests drive `start_container` with a stand-in for
+under gVisor, rarer under runc, never reproduced), so these tests drive `start_container` with a stand-in for
 the engine's API that refuses as the engine did; the real engine's starts are covered by the
 provider contract suite."""
 
@@ -19,11 +19,17 @@ from sandboxes.providers.docker import create
 APIError = create.docker.errors.APIError
 """The docker SDK's error, through the provider (only it may import docker)."""
 
-SEEN = (
+SEEN_UNDER_GVISOR = (
     "OCI runtime start failed: starting container: starting root container: starting "
     'sandbox: creating process: failed to find initial working directory "/workspace": '
     "permission denied: unknown"
 )
+SEEN_UNDER_RUNC = (
+    "failed to create shim task: OCI runtime create failed: runc create failed: unable to "
+    'start container process: exec: "/usr/bin/tini": stat /usr/bin/tini: permission denied: '
+    "unknown"
+)
+SEEN = (SEEN_UNDER_GVISOR, SEEN_UNDER_RUNC)
 
 
 class Engine:
@@ -44,17 +50,18 @@ def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(create, "START_AGAIN_AFTER_S", 0.0)
 
 
+@pytest.mark.parametrize("refusal", SEEN)
 def test_a_permission_refusal_is_asked_once_more_and_logged(
-    caplog: pytest.LogCaptureFixture,
+    refusal: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = Engine(SEEN)
+    engine = Engine(refusal)
     create.start_container(engine, "c0ffee" * 10)
     assert engine.starts == ["c0ffee" * 10] * 2
     assert "starting it once more" in caplog.text
 
 
 def test_a_second_refusal_is_raised() -> None:
-    engine = Engine(SEEN, SEEN)
+    engine = Engine(SEEN_UNDER_RUNC, SEEN_UNDER_GVISOR)
     with pytest.raises(APIError):
         create.start_container(engine, "c1")
     assert len(engine.starts) == 2
@@ -65,6 +72,7 @@ def test_a_second_refusal_is_raised() -> None:
     [
         'OCI runtime start failed: exec: "nope": executable file not found in $PATH',
         "driver failed programming external connectivity: permission denied",
+        'OCI runtime create failed: exec: "nope": executable file not found in $PATH',
         "Cannot start container: no space left on device",
     ],
 )
