@@ -184,6 +184,89 @@ def test_claim_applies_the_specs_resources(warm_provider, make_warm):
     assert _state(warm_provider, sandbox)["resources"]["memory_mb"] == 96
 
 
+def _limits(cgroups: dict[str, str]) -> dict[str, str | None]:
+    """The limits a jail's cgroups hold, by file."""
+    files = {
+        "memory": "memory.limit_in_bytes",
+        "pids": "pids.max",
+        "cpu": "cpu.cfs_quota_us",
+    }
+    return {
+        name: (jail.read_text(f"{cgroups[ctrl]}/{name}") or "").strip() or None
+        for ctrl, name in files.items()
+        if ctrl in cgroups
+    }
+
+
+def _default_limits() -> dict[str, str]:
+    res = Resources()
+    return {
+        "memory.limit_in_bytes": str(res.memory_mb * MIB),
+        "pids.max": str(res.pids),
+        "cpu.cfs_quota_us": str(int(res.cpu_count * 100_000)),
+    }
+
+
+def test_a_claim_with_the_pools_resources_writes_no_limit_and_keeps_them(
+    warm_provider, make_warm, monkeypatch
+):
+    """A warm jail already holds the default limits: the claim does not write them again
+    (the CPU quota's write alone cost ~0.3 ms of a create), and the sandbox has them."""
+    written: list[object] = []
+    write_limits = jail.cgroups_set_limits
+    claiming = threading.current_thread()
+
+    def noting(paths: dict[str, str], res: Resources) -> bool:
+        if threading.current_thread() is claiming:  # not the pool's refills
+            written.append(paths)
+        return write_limits(paths, res)
+
+    monkeypatch.setattr(jail, "cgroups_set_limits", noting)
+    sandbox = make_warm(resources=Resources())
+    assert written == []
+    limits = _limits(_state(warm_provider, sandbox)["cgroups"])
+    assert limits == {k: v for k, v in _default_limits().items() if k in limits}
+    assert sh(warm_provider, sandbox, "ulimit -n").stdout == b"1024\n"
+    if os.geteuid() == 0:
+        st = os.statvfs(warm_provider.root_dir / sandbox / "workspace")
+        assert st.f_blocks * st.f_frsize == Resources().disk_mb * MIB
+
+
+def test_a_warm_jail_whose_limits_were_not_all_written_gets_them_at_its_claim(
+    warm_provider, make_warm
+):
+    """Where the start could not write a limit, its state says so and the claim writes
+    them all, even for the pool's own resources (a stand-in: an idle jail's pids limit
+    lifted and its state marked as a failed start would leave them)."""
+    assert warm_provider._pool.wait_full(30)
+    for name in _pool_dirs(warm_provider.root_dir):
+        state_file = warm_provider.root_dir / name / "state.json"
+        state = json.loads(state_file.read_text())
+        if "pids" not in state["cgroups"]:
+            missing_part("the pids cgroup controller")
+        assert state["resources"] == Resources().__dict__
+        assert jail._write(f"{state['cgroups']['pids']}/pids.max", "max")
+        state["resources"] = None
+        state_file.write_text(json.dumps(state))
+    sandbox = make_warm(resources=Resources())
+    cgroups = _state(warm_provider, sandbox)["cgroups"]
+    assert (jail.read_text(f"{cgroups['pids']}/pids.max") or "").strip() == str(Resources().pids)
+    assert _state(warm_provider, sandbox)["resources"] == Resources().__dict__
+
+
+def test_a_start_whose_limits_could_not_all_be_written_says_so(monkeypatch):
+    """What the test above stands in for: a jail started while a limit's write failed
+    records no resources, so that its claim would write them all."""
+    provider = LocalProvider(root_dir=jail_root("unlimited"))
+    monkeypatch.setattr(jail, "cgroups_set_limits", lambda paths, res: False)
+    handle = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
+    try:
+        assert _state(provider, handle.provider_id)["resources"] is None
+    finally:
+        provider.destroy(handle.provider_id)
+        provider.close()
+
+
 def test_memory_bomb_in_a_claimed_jail_is_killed(warm_provider, make_warm):
     sandbox = make_warm(resources=Resources(memory_mb=64))
     code = "chunks = []\nwhile True:\n    chunks.append(b'x' * 20_000_000)\n"

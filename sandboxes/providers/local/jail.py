@@ -180,15 +180,17 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def cgroups_create(bases: dict[str, str], sandbox_id: str, res: Resources) -> dict[str, str]:
-    """Create the sandbox's cgroups and write its limits; returns controller -> path."""
+def cgroups_create(
+    bases: dict[str, str], sandbox_id: str, res: Resources
+) -> tuple[dict[str, str], bool]:
+    """Create the sandbox's cgroups and write its limits; returns controller -> path, and
+    whether every limit was written."""
     paths: dict[str, str] = {}
     for ctrl, base in bases.items():
         path = f"{base}/{sandbox_id}"
         if _mkdir_under(base, path):
             paths[ctrl] = path
-    cgroups_set_limits(paths, res)
-    return paths
+    return paths, cgroups_set_limits(paths, res)
 
 
 def _mkdir_under(base: str, path: str) -> bool:
@@ -319,7 +321,8 @@ class JailState:
     network: bool
     timeout_s: int
     labels: dict[str, str]
-    resources: dict[str, float]
+    resources: dict[str, float] | None
+    """The limits written at the start or the claim; None where one could not be."""
     slirp_pid: int = 0
     slirp_start_ticks: int = 0
     pool_owner_pid: int = 0
