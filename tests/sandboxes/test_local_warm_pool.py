@@ -47,6 +47,10 @@ MIB = 1024 * 1024
 
 MakeSandbox = Callable[..., str]
 
+NOT_THE_POOLS = Resources(pids=100)
+"""Resources a warm jail does not start with, so that its claim writes the limits (the
+tests that fail or hold a claim there use them)."""
+
 
 @pytest.fixture(scope="module")
 def warm_provider(tmp_path_factory) -> Iterator[LocalProvider]:  # type: ignore[no-untyped-def]
@@ -101,12 +105,11 @@ def _wait(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_create_claims_a_warm_jail_quickly_and_the_pool_refills(warm_provider, make_warm):
+def test_create_claims_a_warm_jail_and_the_pool_refills(warm_provider, make_warm):
+    """That the jail was warm, make_warm asserts (its cgroups are the pool jail's); how
+    quick a claim is, bench/ measures (no wall-clock threshold here)."""
     assert warm_provider._pool.wait_full(30)
-    started = time.perf_counter()
     sandbox = make_warm(labels={"k": "v"})
-    # generous: ~1 ms on an idle machine, CI machines are loaded
-    assert time.perf_counter() - started < 0.5
     state = _state(warm_provider, sandbox)
     assert state["sandbox_id"] == sandbox
     assert state["labels"] == {"k": "v"}
@@ -383,7 +386,9 @@ def test_a_failed_claim_falls_back_to_a_cold_start(warm_provider, monkeypatch):
         return not warm and set_limits(paths, res)
 
     monkeypatch.setattr(jail, "cgroups_set_limits", refuse_warm)
-    handle = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex, env={"A": "b"}))
+    handle = warm_provider.create(
+        SandboxSpec(sandbox_id=uuid.uuid4().hex, env={"A": "b"}, resources=NOT_THE_POOLS)
+    )
     monkeypatch.undo()
     try:
         assert not _was_warm(warm_provider, handle.provider_id)
@@ -466,7 +471,9 @@ def test_no_reservation_for_a_spec_a_warm_jail_cannot_serve(warm_provider):
 def test_a_reservation_whose_jail_fails_is_started_cold_under_its_id(warm_provider, monkeypatch):
     assert warm_provider._pool.wait_full(30)
     sandbox_id = uuid.uuid4().hex
-    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id, env={"A": "b"}))
+    reserved = warm_provider.warm_reserve(
+        SandboxSpec(sandbox_id=sandbox_id, env={"A": "b"}, resources=NOT_THE_POOLS)
+    )
     assert reserved is not None
     set_limits = jail.cgroups_set_limits
 
@@ -847,7 +854,8 @@ def test_concurrent_creates_hold_the_providers_refill(warm_provider, monkeypatch
     made: list[str] = []
 
     def create() -> None:
-        made.append(warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id)
+        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, resources=NOT_THE_POOLS)
+        made.append(warm_provider.create(spec).provider_id)
 
     threads = [threading.Thread(target=create) for _ in range(2)]
     try:

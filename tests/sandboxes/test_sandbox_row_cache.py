@@ -780,7 +780,9 @@ def test_a_warm_create_that_cannot_start_ends_in_error_and_is_read_so(
             ProviderUnavailable("no cold start in this test")
         ),
     )
-    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    # Not the pool's own resources, which a claim would not write again.
+    body = {"resources": {"memory_mb": 256}}
+    response = api_a.post("/api/v1/sandboxes", body, format="json")
     assert response.status_code == 503, response.content
     assert response.json()["error"]["message"] == "no cold start in this test"
     (row,) = Sandbox.objects.filter(organization=org_a)
