@@ -67,6 +67,7 @@ from _server import (
     daphne,
     ensure_database,
     floors_apart,
+    leftovers,
     percentile,
     process_cpu_s,
     web_processes,
@@ -575,7 +576,7 @@ def main() -> None:
             os.chmod(one.jails, 0o711)  # noqa: S103
     labels = [one.label for one in served]
     meter = CpuMeter.setup(labels) if args.provider == "local" else CpuMeter()
-    notes: list[str] = []
+    notes: list[str] = [left] if (left := leftovers()) else []
     host_mounts = -1
     try:
         with ExitStack() as stack:
