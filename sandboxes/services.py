@@ -62,6 +62,7 @@ from .providers.base import (
     ExecResult,
     ProviderError,
     Resources,
+    SandboxGone,
     SandboxSpec,
     SandboxStats,
     WarmPooled,
@@ -367,6 +368,10 @@ def _create_reserved(
     release_idle_connection()  # not held while the sandbox starts (common/dbconn.py)
     try:
         reserved.adopt()
+    except SandboxGone:
+        # Destroyed between the insert and the adoption (the row was listed as running):
+        # the destroy ended the sandbox, and nothing was left running; say what it is now.
+        sandbox.refresh_from_db()
     except ProviderError as exc:
         sandbox_transition(sandbox, SandboxState.ERROR, error_message=exc.message)
         raise

@@ -27,6 +27,7 @@ from sandboxes.providers.base import (
     ExecResult,
     InvalidRequest,
     Resources,
+    SandboxGone,
     SandboxSpec,
     SandboxState,
 )
@@ -418,6 +419,7 @@ def test_a_released_reservation_is_the_next_creates_jail_unchanged(warm_provider
     reserved.release()  # once only: a second release gives nothing back twice
     assert warm_provider._pool.idle_count() == 2
     assert _pool_dirs(warm_provider.root_dir) == before
+    assert not (warm_provider.root_dir / reserved.provider_id).exists()  # its directory too
     nxt = warm_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
     try:
         assert _was_warm(warm_provider, nxt.provider_id)
@@ -435,7 +437,8 @@ def test_an_adopted_reservation_is_the_sandbox_the_spec_asked_for(warm_provider)
     spec = SandboxSpec(sandbox_id=sandbox_id, env={"WHO": "me"}, labels={"k": "v"})
     reserved = warm_provider.warm_reserve(spec)
     assert reserved is not None and reserved.provider_id == sandbox_id
-    assert not (warm_provider.root_dir / sandbox_id).exists()  # nothing is its own yet
+    # Its directory only, empty, so that a destroy from now on finds it.
+    assert list((warm_provider.root_dir / sandbox_id).iterdir()) == []
     handle = reserved.adopt()
     try:
         assert handle.provider_id == sandbox_id and handle.labels == {"k": "v"}
@@ -492,17 +495,93 @@ def test_a_reservation_whose_jail_fails_is_started_cold_under_its_id(warm_provid
         warm_provider.destroy(sandbox_id)
 
 
-def test_a_reservation_of_an_id_already_taken_gives_its_jail_back(warm_provider, make_warm):
+def test_no_reservation_for_an_id_already_taken(warm_provider, make_warm):
+    """The jail goes back at once, and the create that follows says why."""
     sandbox = make_warm()
     assert warm_provider._pool.wait_full(30)
     before = _pool_dirs(warm_provider.root_dir)
-    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox))
-    assert reserved is not None
+    assert warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox)) is None
     with pytest.raises(InvalidRequest):
-        reserved.adopt()
+        warm_provider.create(SandboxSpec(sandbox_id=sandbox))
     assert _pool_dirs(warm_provider.root_dir) == before
     assert warm_provider._pool.idle_count() == 2
     assert sh(warm_provider, sandbox, "echo still").stdout == b"still\n"
+
+
+def _jail_pids(provider: LocalProvider, names: set[str]) -> dict[str, int]:
+    return {name: _state(provider, name)["jail_pid"] for name in names}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) not in "ZX"
+    except OSError:
+        return False
+
+
+def test_a_sandbox_destroyed_before_its_reservation_is_adopted_leaves_no_jail(warm_provider):
+    """The row of a warm create goes in, already running, before the jail is adopted: a
+    destroy landing in between finds the sandbox's directory, removes it, and the adoption
+    then ends the jail instead of leaving it running with no sandbox."""
+    assert warm_provider._pool.wait_full(30)
+    sandbox_id = uuid.uuid4().hex
+    idle = _jail_pids(warm_provider, _pool_dirs(warm_provider.root_dir))
+    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id))
+    assert reserved is not None
+    taken = next(n for n in idle if n not in {w.jail_id for w in warm_provider._pool._idle})
+    assert warm_provider.destroy(sandbox_id) is True
+    with pytest.raises(SandboxGone):
+        reserved.adopt()
+    assert not (warm_provider.root_dir / sandbox_id).exists()
+    assert not (warm_provider.root_dir / taken).exists()
+    _wait(lambda: not _alive(idle[taken]))
+    assert all(_alive(pid) for name, pid in idle.items() if name != taken)
+    assert warm_provider._pool.wait_full(30)  # and the pool refills
+
+
+def test_a_sandbox_destroyed_just_after_its_jail_moved_in_leaves_no_jail(
+    warm_provider, monkeypatch
+):
+    """The narrower window: the destroy lands after the jail's directory took the
+    sandbox's place but before its state names the sandbox. The destroy ends the jail
+    from what the state says, and the adoption neither restarts it cold nor leaves it."""
+    assert warm_provider._pool.wait_full(30)
+    sandbox_id = uuid.uuid4().hex
+    idle = _jail_pids(warm_provider, _pool_dirs(warm_provider.root_dir))
+    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id))
+    assert reserved is not None
+    taken = next(n for n in idle if n not in {w.jail_id for w in warm_provider._pool._idle})
+    save = jail.JailState.save
+
+    def destroyed_first(state: jail.JailState, path: Path) -> None:
+        if path.parent.name == sandbox_id:
+            assert warm_provider.destroy(sandbox_id) is True
+        save(state, path)
+
+    monkeypatch.setattr(jail.JailState, "save", destroyed_first)
+    with pytest.raises(SandboxGone):
+        reserved.adopt()
+    monkeypatch.undo()
+    assert not (warm_provider.root_dir / sandbox_id).exists()
+    assert not (warm_provider.root_dir / taken).exists()
+    _wait(lambda: not _alive(idle[taken]))
+    assert all(_alive(pid) for name, pid in idle.items() if name != taken)
+
+
+def test_a_directory_moves_onto_a_reserved_one_only_while_it_is_there(tmp_path):
+    src, reserved = tmp_path / "warm", tmp_path / "sandbox"
+    src.mkdir()
+    (src / "state.json").write_text("{}")
+    reserved.mkdir()
+    assert jail.move_onto_reserved(src, reserved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sandbox"]
+    assert (reserved / "state.json").read_text() == "{}"
+    again = tmp_path / "warm2"
+    again.mkdir()
+    assert not jail.move_onto_reserved(again, tmp_path / "destroyed")
+    assert again.is_dir() and not (tmp_path / "destroyed").exists()
+    with pytest.raises(OSError):
+        jail.move_onto_reserved(tmp_path / "gone", reserved)
 
 
 def test_a_jail_given_back_to_a_closed_pool_is_destroyed():

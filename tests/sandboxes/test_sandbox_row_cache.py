@@ -32,6 +32,7 @@ from sandboxes.providers import get_provider, reset_providers
 from sandboxes.providers.base import ProviderUnavailable
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local.pool import PREFIX as WARM_PREFIX
+from sandboxes.providers.local.provider import LocalWarmReservation
 from sandboxes.selectors import (
     SANDBOX_BY_ID_AND_ORGANIZATION,
     SANDBOX_WITH_ORGANIZATION,
@@ -788,3 +789,35 @@ def test_a_warm_create_that_cannot_start_ends_in_error_and_is_read_so(
     (row,) = Sandbox.objects.filter(organization=org_a)
     assert row.state == SandboxState.ERROR and row.error_message == "no cold start in this test"
     assert _fresh(api_a, row.pk)["state"] == "error"
+
+
+@pytest.mark.django_db(transaction=True)  # outside a transaction, as a request runs it
+def test_a_warm_create_destroyed_before_its_jail_is_adopted_leaves_no_jail(
+    api_a: APIClient, org_a: Organization, warm_local: Any, monkeypatch: Any
+) -> None:
+    """The row goes in already running before the warm jail is adopted, so a destroy can
+    land in between (here, the tenant's own DELETE at that very moment). The destroy wins:
+    the create answers with the sandbox as it now is, and no jail is left running with its
+    row destroyed."""
+    before = _warm_dirs(warm_local)
+    adopt = LocalWarmReservation.adopt
+
+    def destroyed_first(self: LocalWarmReservation) -> Any:
+        (row,) = Sandbox.objects.filter(organization=org_a)
+        assert row.state == SandboxState.RUNNING
+        assert api_a.delete(f"/api/v1/sandboxes/{row.pk}").status_code == 200
+        return adopt(self)
+
+    monkeypatch.setattr(LocalWarmReservation, "adopt", destroyed_first)
+    response = api_a.post("/api/v1/sandboxes", {}, format="json")
+    monkeypatch.undo()
+    assert response.status_code == 201, response.content
+    assert response.json()["state"] == "destroyed"
+    (row,) = Sandbox.objects.filter(organization=org_a)
+    assert row.state == SandboxState.DESTROYED
+    assert _fresh(api_a, row.pk)["state"] == "destroyed"
+    assert not (warm_local.root_dir / row.provider_id).exists()
+    taken = before - _warm_dirs(warm_local)
+    assert len(taken) == 1  # the reserved jail is gone, not left running under another name
+    assert warm_local.list_sandboxes() == []
+    assert warm_local._pool.wait_full(30)

@@ -23,6 +23,7 @@ from typing import TypedDict
 from sandboxes.providers.base import (
     ProviderError,
     ProviderUnavailable,
+    SandboxGone,
     SandboxHandle,
     SandboxSpec,
     SandboxState,
@@ -92,7 +93,8 @@ class JailBoot:
         self, warm: WarmJail, spec: SandboxSpec, sdir: Path, env: dict[str, str]
     ) -> SandboxHandle:
         """Turn `warm` into sandbox `spec`, whose empty directory `sdir` is reserved.
-        On failure `sdir` is left empty again and the caller destroys the warm jail."""
+        On failure `sdir` is left empty again, or gone (SandboxGone: a destroy of the
+        sandbox removed it meanwhile), and the caller destroys the warm jail."""
         jail_id = warm.jail_id
         wdir = self.root_dir / jail_id
         state = jail.JailState.load(wdir / "state.json")
@@ -119,9 +121,11 @@ class JailBoot:
             warm.close_config()
         if written != len(config):
             raise ProviderError("the sandbox environment is too large for a warm jail")
-        # Replaces the empty directory create() reserved. Mounts below wdir move along;
-        # the jail sees its own copies of them, so nothing inside notices.
-        os.rename(wdir, sdir)
+        # Replaces the empty directory create() reserved, unless a destroy of the sandbox
+        # removed it meanwhile. Mounts below wdir move along; the jail sees its own copies
+        # of them, so nothing inside notices.
+        if not jail.move_onto_reserved(wdir, sdir):
+            raise SandboxGone(f"sandbox {spec.sandbox_id} was destroyed while it was created")
         with self._lock:
             proc = self._bwraps.pop(jail_id, None)
             if proc is not None:
@@ -135,6 +139,11 @@ class JailBoot:
         state.pool_owner_pid = state.pool_owner_ticks = 0
         try:
             state.save(sdir / "state.json")
+        except FileNotFoundError:  # destroyed just after the move: the destroy ends it
+            self._teardown(spec.sandbox_id, sdir, state)
+            raise SandboxGone(
+                f"sandbox {spec.sandbox_id} was destroyed while it was created"
+            ) from None
         except BaseException:
             self._teardown(spec.sandbox_id, sdir, state)
             sdir.mkdir(mode=0o700, exist_ok=True)

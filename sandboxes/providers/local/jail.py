@@ -21,6 +21,8 @@ from a template, the template's own read-only root file system (rootfs.py) inste
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -370,6 +372,36 @@ def pool_owner_alive(state: JailState) -> bool:
     return state.pool_owner_pid > 0 and (
         start_ticks(state.pool_owner_pid) == state.pool_owner_ticks
     )
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def move_onto_reserved(src: Path, reserved: Path) -> bool:
+    """Put directory `src` where the empty directory `reserved` is, in one step with the
+    check that it still is: False, and nothing moved, when `reserved` is gone (a destroy
+    of the sandbox being created removed it). renameat2's RENAME_EXCHANGE swaps the two,
+    then the empty one is removed under `src`'s old name; where the file system cannot
+    swap, a check and a rename do, which a destroy could fall between."""
+    if (
+        _libc.renameat2(
+            _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(reserved), _RENAME_EXCHANGE
+        )
+        == 0
+    ):
+        os.rmdir(src)
+        return True
+    error = ctypes.get_errno()
+    if error == errno.ENOENT and src.exists():
+        return False
+    if error not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        raise OSError(error, os.strerror(error), os.fspath(src))
+    if not reserved.is_dir():
+        return False
+    os.rename(src, reserved)  # onto an empty directory: replaces it
+    return True
 
 
 def kill_if_same(pid: int, ticks: int) -> None:

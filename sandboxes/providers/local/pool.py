@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sandboxes.providers import burst_sizing
+from sandboxes.providers.base import SandboxGone
 from sandboxes.providers.burst_sizing import BurstSizing
 from sandboxes.providers.local import jail
 
@@ -213,7 +214,8 @@ class WarmPool:
     def claim(self, adopt: Callable[[WarmJail], T], taken: WarmJail | None = None) -> T | None:
         """`adopt(warm)` on an idle jail (`taken`, when one was set aside for it); None
         when the pool is empty or adopting failed (the jail is destroyed then and the
-        caller should start one cold)."""
+        caller should start one cold). SandboxGone from `adopt` (the sandbox was destroyed
+        while it was being created) is raised, once the jail is destroyed: nothing to start."""
         with self._cond:
             if taken is not None:
                 warm = taken
@@ -227,6 +229,9 @@ class WarmPool:
                 self._last_claim = time.monotonic()
         try:
             return adopt(warm)
+        except SandboxGone:
+            self._destroy_quietly(warm)
+            raise
         except Exception:  # noqa: BLE001 - any failure means "start it cold instead"
             logger.warning("could not claim warm jail %s", warm.jail_id, exc_info=True)
             self._destroy_quietly(warm)

@@ -213,19 +213,37 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         warm = self._pool.take()
         if warm is None:
             return None
+        # The sandbox's directory now, before its row exists: a destroy from then on
+        # finds it, and removing it keeps the jail from being adopted (_adopt).
+        sdir = self.root_dir / spec.sandbox_id
+        try:
+            sdir.mkdir(mode=0o700)
+        except OSError:  # taken, or the root refuses: `create` says why
+            self._pool.give_back(warm)
+            return None
+        pool = self._pool
+
+        def give_back(unused: WarmJail) -> None:
+            pool.give_back(unused)
+            with contextlib.suppress(OSError):
+                sdir.rmdir()
+
         return LocalWarmReservation(
             spec.sandbox_id,
             warm,
-            adopt=lambda taken: self._create(spec, taken),
-            give_back=self._pool.give_back,
+            adopt=lambda taken: self._create(spec, taken, reserved=True),
+            give_back=give_back,
         )
 
     def _warm_fits(self, spec: SandboxSpec) -> bool:
         # Warm jails run on the host's /usr: a template's root needs a jail of its own.
         return not spec.network and not spec.rootfs and not spec.restore_from
 
-    def _create(self, spec: SandboxSpec, taken: WarmJail | None) -> SandboxHandle:
-        """create(), on `taken` (a warm jail set aside for it) when there is one."""
+    def _create(
+        self, spec: SandboxSpec, taken: WarmJail | None, *, reserved: bool = False
+    ) -> SandboxHandle:
+        """create(), on `taken` (a warm jail set aside for it) when there is one; `reserved`:
+        warm_reserve made the sandbox's directory, and a destroy may have removed it since."""
         try:
             if not _ID_RE.match(spec.sandbox_id):
                 raise InvalidRequest("sandbox_id must be 1-64 letters, digits, '-' or '_'")
@@ -238,10 +256,11 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
                     "refuses rather than share the host's network"
                 )
             sdir = self.root_dir / spec.sandbox_id
-            try:
-                sdir.mkdir(mode=0o700)
-            except FileExistsError:
-                raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
+            if not reserved:
+                try:
+                    sdir.mkdir(mode=0o700)
+                except FileExistsError:
+                    raise InvalidRequest(f"sandbox {spec.sandbox_id} already exists") from None
         except BaseException:
             if taken is not None and self._pool is not None:
                 self._pool.give_back(taken)
