@@ -33,6 +33,7 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local import pool as warm_pool
+from sandboxes.providers.local.provider import LocalWarmReservation
 from sandboxes.providers.local.pool import (
     BURST_HOLD_S,
     PREFIX,
@@ -512,6 +513,18 @@ def _jail_pids(provider: LocalProvider, names: set[str]) -> dict[str, int]:
     return {name: _state(provider, name)["jail_pid"] for name in names}
 
 
+def _reserve_one(provider: LocalProvider) -> tuple[str, LocalWarmReservation, str, dict[str, int]]:
+    """A reservation on a full pool: the sandbox's id, the reservation, the name of the
+    jail it set aside, and every idle jail's pid (by name) before it."""
+    assert provider._pool.wait_full(30)
+    sandbox_id = uuid.uuid4().hex
+    idle = _jail_pids(provider, _pool_dirs(provider.root_dir))
+    reserved = provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id))
+    assert isinstance(reserved, LocalWarmReservation)
+    taken = next(n for n in idle if n not in {w.jail_id for w in provider._pool._idle})
+    return sandbox_id, reserved, taken, idle
+
+
 def _alive(pid: int) -> bool:
     try:
         return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) not in "ZX"
@@ -523,12 +536,7 @@ def test_a_sandbox_destroyed_before_its_reservation_is_adopted_leaves_no_jail(wa
     """The row of a warm create goes in, already running, before the jail is adopted: a
     destroy landing in between finds the sandbox's directory, removes it, and the adoption
     then ends the jail instead of leaving it running with no sandbox."""
-    assert warm_provider._pool.wait_full(30)
-    sandbox_id = uuid.uuid4().hex
-    idle = _jail_pids(warm_provider, _pool_dirs(warm_provider.root_dir))
-    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id))
-    assert reserved is not None
-    taken = next(n for n in idle if n not in {w.jail_id for w in warm_provider._pool._idle})
+    sandbox_id, reserved, taken, idle = _reserve_one(warm_provider)
     assert warm_provider.destroy(sandbox_id) is True
     with pytest.raises(SandboxGone):
         reserved.adopt()
@@ -545,12 +553,7 @@ def test_a_sandbox_destroyed_just_after_its_jail_moved_in_leaves_no_jail(
     """The narrower window: the destroy lands after the jail's directory took the
     sandbox's place but before its state names the sandbox. The destroy ends the jail
     from what the state says, and the adoption neither restarts it cold nor leaves it."""
-    assert warm_provider._pool.wait_full(30)
-    sandbox_id = uuid.uuid4().hex
-    idle = _jail_pids(warm_provider, _pool_dirs(warm_provider.root_dir))
-    reserved = warm_provider.warm_reserve(SandboxSpec(sandbox_id=sandbox_id))
-    assert reserved is not None
-    taken = next(n for n in idle if n not in {w.jail_id for w in warm_provider._pool._idle})
+    sandbox_id, reserved, taken, idle = _reserve_one(warm_provider)
     save = jail.JailState.save
 
     def destroyed_first(state: jail.JailState, path: Path) -> None:
