@@ -33,7 +33,6 @@ from sandboxes.providers.base import (
 )
 from sandboxes.providers.local import LocalProvider, jail
 from sandboxes.providers.local import pool as warm_pool
-from sandboxes.providers.local.provider import LocalWarmReservation
 from sandboxes.providers.local.pool import (
     BURST_HOLD_S,
     PREFIX,
@@ -41,6 +40,7 @@ from sandboxes.providers.local.pool import (
     WarmJail,
     WarmPool,
 )
+from sandboxes.providers.local.provider import LocalWarmReservation
 from tests.requirements import jail_root, missing_part
 from tests.sandboxes.snippets import run_code
 
