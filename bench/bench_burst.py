@@ -72,6 +72,7 @@ from _server import (
     process_cpu_s,
     web_processes,
 )
+from bench_local_provider import machine_busy_ms
 from bench_sandbox_api import BWRAP
 
 IMAGE = os.environ.get("SANDPIT_DOCKER_IMAGE", "sandpit-sandbox:latest")
@@ -487,6 +488,32 @@ async def sequential(
             one.cpu_rows.append(row)
 
 
+QUIET_BUSY = 0.15
+QUIET_WINDOW_S = 0.3
+QUIET_LIMIT_S = 20.0
+QUIET_NOTE = (
+    "each burst and each floor burst began once the machine's cores had been under "
+    f"{QUIET_BUSY:.0%} busy for {QUIET_WINDOW_S} s (at most {QUIET_LIMIT_S:.0f} s of waiting)"
+)
+
+
+async def wait_quiet() -> float:
+    """Wait until the whole machine is nearly idle; the seconds waited. The destroy of a
+    burst's sandboxes leaves the kernel work to finish after it returns (their cgroups taken
+    offline, their mounts freed): neither a burst nor its floor should start beside it. It
+    did not explain why the two servers' floors for one burst differ in a run (492 and 321
+    ms; with this wait 368 and 266, the raw spawns' CPU 10.4 and 7.5 ms each): compare the
+    ratios of several runs, not of one."""
+    started = time.monotonic()
+    cores = len(os.sched_getaffinity(0))
+    while time.monotonic() - started < QUIET_LIMIT_S:
+        before = machine_busy_ms()
+        await asyncio.sleep(QUIET_WINDOW_S)
+        if (machine_busy_ms() - before) / (QUIET_WINDOW_S * 1000 * cores) < QUIET_BUSY:
+            break
+    return time.monotonic() - started
+
+
 async def many_at_once(
     one: Served,
     served: list[Served],
@@ -496,11 +523,14 @@ async def many_at_once(
     want: int,
 ) -> None:
     """A floor burst, then `one`'s product burst (after the first, once every pool stopped
-    growing: a pool sizes itself to the bursts it saw, pool.py)."""
+    growing: a pool sizes itself to the bursts it saw, pool.py), each on a quiet machine."""
     await all_ready(served, want, settled=burst > 1 or len(served) > 1)
+    await wait_quiet()
     before = meter.sample(one.label)
     floor = list(await asyncio.gather(*(floor_once(args.provider) for _ in range(args.burst))))
-    middle = meter.sample(one.label)
+    floor_end = meter.sample(one.label)
+    await wait_quiet()
+    start = meter.sample(one.label)
     phases = Phases()
     results = await asyncio.gather(
         *(product_once(one.client, args.provider, one.created, phases) for _ in range(args.burst)),
@@ -514,7 +544,7 @@ async def many_at_once(
     name += f" ({len(errors)} errors)"
     one.rows.append((name, *_row(product, floor)))
     budget = burst_cpu_budget(statistics.median(floor), args.burst)
-    row = cpu_row(name, (middle, after), (before, middle), args.burst, budget)
+    row = cpu_row(name, (start, after), (before, floor_end), args.burst, budget)
     if row is not None:
         one.cpu_rows.append(row)
     if phases.create:
@@ -577,6 +607,8 @@ def main() -> None:
     labels = [one.label for one in served]
     meter = CpuMeter.setup(labels) if args.provider == "local" else CpuMeter()
     notes: list[str] = [left] if (left := leftovers()) else []
+    if args.burst > 0:
+        notes.append(QUIET_NOTE)
     host_mounts = -1
     try:
         with ExitStack() as stack:
