@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+# posix, not os: the agent's start-up skips `os` (see procs.py)
+import posix
 import select
 import time
 
@@ -16,13 +17,13 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
     oom_before = oom_kills()
     started = time.monotonic()
     deadline = started + timeout
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    wake_r, wake_w = os.pipe()
+    out_r, out_w = posix.pipe()
+    err_r, err_w = posix.pipe()
+    wake_r, wake_w = posix.pipe()
     if stdin:
-        in_r, in_w = os.pipe()
+        in_r, in_w = posix.pipe()
     else:
-        in_r, in_w = os.open("/dev/null", os.O_RDONLY), -1
+        in_r, in_w = posix.open("/dev/null", posix.O_RDONLY), -1
     try:
         child = spawn(
             req["argv"],
@@ -36,12 +37,12 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
     except BaseException:
         for fd in (out_r, err_r, wake_r, wake_w, in_w):
             if fd >= 0:
-                os.close(fd)
+                posix.close(fd)
         raise
     finally:
-        os.close(in_r)
-        os.close(out_w)
-        os.close(err_w)
+        posix.close(in_r)
+        posix.close(out_w)
+        posix.close(err_w)
     bufs = {out_r: bytearray(), err_r: bytearray()}
     truncated = {out_r: False, err_r: False}
     poller = select.poll()
@@ -51,7 +52,7 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
     open_fds = {out_r, err_r}
     pending = memoryview(stdin) if stdin else None
     if in_w >= 0:
-        os.set_blocking(in_w, False)
+        posix.set_blocking(in_w, False)
         poller.register(in_w, select.POLLOUT)
     timed_out = False
     exit_deadline: float | None = None
@@ -71,11 +72,11 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
             events = poller.poll(max(0.0, limit - now) * 1000)
             for fd, _ev in events:
                 if fd == wake_r:
-                    os.read(wake_r, 64)
+                    posix.read(wake_r, 64)
                     poller.unregister(wake_r)
                 elif fd == in_w:
                     try:
-                        n = os.write(in_w, pending[:CHUNK]) if pending is not None else 0
+                        n = posix.write(in_w, pending[:CHUNK]) if pending is not None else 0
                     except (BrokenPipeError, BlockingIOError) as exc:
                         n = 0
                         if isinstance(exc, BrokenPipeError):
@@ -84,10 +85,10 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
                         pending = pending[n:]
                     if pending is None or not len(pending):
                         poller.unregister(in_w)
-                        os.close(in_w)
+                        posix.close(in_w)
                         in_w = -1
                 else:
-                    data = os.read(fd, CHUNK)
+                    data = posix.read(fd, CHUNK)
                     if not data:
                         poller.unregister(fd)
                         open_fds.discard(fd)
@@ -107,7 +108,7 @@ def op_exec(conn: socket.socket, req: dict, stdin: bytes) -> None:
         for fd in (out_r, err_r, wake_r, wake_w, in_w):
             if fd >= 0:
                 try:
-                    os.close(fd)
+                    posix.close(fd)
                 except OSError:
                     pass
         child.wake_w = None
@@ -163,10 +164,10 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
     timeout = req.get("timeout_s")
     started = time.monotonic()
     deadline = started + float(timeout) if timeout else None
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    wake_r, wake_w = os.pipe()
+    in_r, in_w = posix.pipe()
+    out_r, out_w = posix.pipe()
+    err_r, err_w = posix.pipe()
+    wake_r, wake_w = posix.pipe()
     try:
         child = spawn(
             req["argv"],
@@ -179,17 +180,17 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
         )
     except BaseException:
         for fd in (in_w, out_r, err_r, wake_r, wake_w):
-            os.close(fd)
+            posix.close(fd)
         raise
     finally:
         for fd in (in_r, out_w, err_w):
-            os.close(fd)
+            posix.close(fd)
     conn.sendall(json_dumps({"ok": True, "pid": child.pid}).encode() + b"\n")
     kinds = {out_r: b"O", err_r: b"E"}
     poller = select.poll()
     for fd in (out_r, err_r, wake_r, conn.fileno()):
         poller.register(fd, select.POLLIN)
-    os.set_blocking(in_w, False)
+    posix.set_blocking(in_w, False)
     inbox = b""
     pending = b""
     stdin_open = True
@@ -213,10 +214,10 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
             wait_ms = max(0.0, min(limits) - now) * 1000 if limits else None
             for fd, _ev in poller.poll(wait_ms):
                 if fd == wake_r:
-                    os.read(wake_r, 64)
+                    posix.read(wake_r, 64)
                     poller.unregister(wake_r)
                 elif fd in kinds:
-                    data = os.read(fd, CHUNK)
+                    data = posix.read(fd, CHUNK)
                     if data:
                         conn.sendall(frame(kinds[fd], data))
                         if exit_deadline is not None:
@@ -229,7 +230,7 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
                     if not pending:
                         poller.unregister(in_w)
                         if not stdin_open:
-                            os.close(in_w)
+                            posix.close(in_w)
                             in_w = -1
                 else:
                     data = conn.recv(CHUNK)
@@ -250,11 +251,11 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
                         elif kind == b"C" and stdin_open:
                             stdin_open = False
                             if not pending and in_w >= 0:
-                                os.close(in_w)
+                                posix.close(in_w)
                                 in_w = -1
                         elif kind == b"K":
                             try:
-                                os.killpg(child.pid, int(payload or b"9"))
+                                posix.killpg(child.pid, int(payload or b"9"))
                             except (OSError, ValueError):
                                 pass
         result = {
@@ -270,7 +271,7 @@ def op_exec_stream(conn: socket.socket, req: dict) -> None:
         for fd in (in_w, out_r, err_r, wake_r, wake_w):
             if fd >= 0:
                 try:
-                    os.close(fd)
+                    posix.close(fd)
                 except OSError:
                     pass
 
@@ -279,7 +280,7 @@ def _flush(fd: int, data: bytes) -> bytes:
     """Write what the pipe takes now; return the rest (all of it is dropped once the
     command closed its stdin)."""
     try:
-        return data[os.write(fd, data) :] if data else b""
+        return data[posix.write(fd, data) :] if data else b""
     except BlockingIOError:
         return data
     except OSError:

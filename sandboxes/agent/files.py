@@ -17,23 +17,6 @@ ROOTS = (WS, "/tmp")
 """The writable directories the file operations reach; relative paths start in the first."""
 MAX_PATH_BYTES = 4096
 MAX_LIST_ENTRIES = 100_000
-OS_CODES = {
-    errno.ENOENT: "file_not_found",
-    errno.ENOTDIR: "file_conflict",
-    errno.EISDIR: "file_conflict",
-    errno.EEXIST: "file_conflict",
-    errno.ENOTEMPTY: "file_conflict",
-    errno.EBUSY: "file_conflict",
-    errno.EINVAL: "file_conflict",
-    errno.ENOSPC: "resource_exhausted",
-    errno.EDQUOT: "resource_exhausted",
-    errno.EFBIG: "resource_exhausted",
-    errno.EACCES: "path_not_allowed",
-    errno.EPERM: "path_not_allowed",
-    errno.ELOOP: "path_not_allowed",
-    errno.ENAMETOOLONG: "path_not_allowed",
-}
-"""OSError numbers -> the provider error codes the host maps to its exceptions."""
 
 
 def _rel(p: str) -> str:

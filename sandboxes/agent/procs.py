@@ -3,9 +3,14 @@ one reaper of wait4(-1), killing a command's whole tree, and background processe
 
 from __future__ import annotations
 
+import _stat
 import _thread
-import os
+
+# posix, not os: `os` costs each agent start ~0.9 ms of CPU (_collections_abc, posixpath);
+# only the modules loaded on first use (files, terminals, sessions) take it.
+import posix
 import resource
+import sys
 import time
 
 from . import spawn as libc_spawn
@@ -90,7 +95,7 @@ class Child:
     def exit_code(self) -> int | None:
         if self.status is None:
             return None
-        return os.waitstatus_to_exitcode(self.status)
+        return posix.waitstatus_to_exitcode(self.status)
 
 
 class Reaper:
@@ -105,7 +110,7 @@ class Reaper:
         while True:
             self.has_children.clear()
             try:
-                pid, status, rusage = os.wait4(-1, 0)
+                pid, status, rusage = posix.wait4(-1, 0)
             except ChildProcessError:
                 self.has_children.wait()
                 continue
@@ -120,7 +125,7 @@ class Reaper:
             child.done.set()
             if child.wake_w is not None:
                 try:
-                    os.write(child.wake_w, b"x")
+                    posix.write(child.wake_w, b"x")
                 except OSError:
                     pass
 
@@ -130,10 +135,18 @@ CONFIG: dict = {}
 TRACKED: dict[int, Child] = {}
 """Background processes and terminals by pid (most recent KEEP_EXITED exited kept)."""
 TRACK_LOCK = _thread.allocate_lock()
+ENVIRON: dict[str, str] = {
+    key.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()): value.decode(
+        sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    )
+    for key, value in posix.environ.items()
+}
+"""The agent's environment, as os.environ would give it, plus a warm jail's configuration
+(`server.await_config`): what every command's environment starts from (`child_env`)."""
 
 
 def _child_setup(cwd: str, tty: bool) -> None:
-    os.setsid()
+    posix.setsid()
     if tty:
         import fcntl
         import termios
@@ -144,12 +157,12 @@ def _child_setup(cwd: str, tty: bool) -> None:
         resource.setrlimit(res, (value, value))
     try:
         # Make user code, not the agent, the memory-cgroup OOM victim.
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        os.write(fd, _CHILD_OOM_SCORE_ADJ)
-        os.close(fd)
+        fd = posix.open("/proc/self/oom_score_adj", posix.O_WRONLY)
+        posix.write(fd, _CHILD_OOM_SCORE_ADJ)
+        posix.close(fd)
     except OSError:
         pass
-    os.chdir(cwd)
+    posix.chdir(cwd)
 
 
 RESET_SIGNALS = tuple(
@@ -197,7 +210,7 @@ def limit_self() -> None:
     rlimits = CONFIG.get("rlimits", {})
     if "RLIMIT_AS" in rlimits or rlimits.get("RLIMIT_NOFILE", 1 << 20) < _FAST_MIN_NOFILE:
         return
-    if os.getcwd() != WORKSPACE:
+    if posix.getcwd() != WORKSPACE:
         return
     for name in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE"):
         if name in rlimits:
@@ -212,11 +225,11 @@ def _limit_child(pid: int) -> None:
     try:
         if value is not None:
             resource.prlimit(pid, resource.RLIMIT_CPU, (value, value))
-        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY)
+        fd = posix.open(f"/proc/{pid}/oom_score_adj", posix.O_WRONLY)
         try:
-            os.write(fd, _CHILD_OOM_SCORE_ADJ)
+            posix.write(fd, _CHILD_OOM_SCORE_ADJ)
         finally:
-            os.close(fd)
+            posix.close(fd)
     except OSError:  # it has exited already
         pass
 
@@ -247,7 +260,7 @@ def spawn(
     carries the limits and nothing else is needed (no terminal, the default cwd), else
     fork+exec with everything applied in the child."""
     program = _which(argv[0], env.get("PATH", ""))
-    tag = os.urandom(8).hex()
+    tag = posix.urandom(8).hex()
     env = {**env, TREE_MARK: tag}
     libc_spawn.wait_loaded()
     if SPAWN_LIMITS["fast"] and not tty and cwd == WORKSPACE and program is not None:
@@ -263,11 +276,11 @@ def spawn(
             return child
     shim = libc_spawn.via_shim()
     with REAPER.lock:
-        pid = os.fork()
+        pid = posix.fork()
         if pid == 0:  # child: only syscalls from here on
             try:
                 for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
+                    posix.dup2(fd, target)
                 _child_setup(cwd, tty)
                 # Ignored dispositions survive exec: user code starts with every
                 # default (Python ignores SIGPIPE and SIGXFSZ, a script that started
@@ -279,20 +292,29 @@ def spawn(
                 if program is None:
                     raise FileNotFoundError("command not found")
                 if shim is not None:  # glibc's own two may still be ignored (spawn.py)
-                    os.execve(shim, [shim, program, *argv], env)  # noqa: S606 - our shim
-                os.execve(program, argv, env)  # noqa: S606 - argv is the command by design
+                    posix.execve(shim, [shim, program, *argv], env)  # noqa: S606 - our shim
+                posix.execve(program, argv, env)  # noqa: S606 - argv is the command by design
             except BaseException as exc:  # noqa: BLE001 - report anything, then die
                 # As the exec shim words it: "sandpit: ./x: Exec format error".
-                detail = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else exc
+                detail = (
+                    posix.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else exc
+                )
                 try:
-                    os.write(2, f"sandpit: {argv[0]}: {detail}\n".encode(errors="replace"))
+                    posix.write(2, f"sandpit: {argv[0]}: {detail}\n".encode(errors="replace"))
                 finally:
-                    os._exit(127)
+                    posix._exit(127)
         child = Child(pid, command, kind, tag)
         child.wake_w = wake_w
         REAPER.children[pid] = child
     REAPER.has_children.set()
     return child
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return _stat.S_ISDIR(posix.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _which(name: str, path: str) -> str | None:
@@ -302,7 +324,7 @@ def _which(name: str, path: str) -> str | None:
         return name
     for directory in path.split(":"):
         candidate = f"{directory or '.'}/{name}"
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+        if posix.access(candidate, posix.X_OK) and not _is_dir(candidate):
             return candidate
     return None
 
@@ -313,7 +335,7 @@ def _session_members(sid: int, tag: str = "") -> list[int]:
     parents: dict[int, int] = {}
     members: list[int] = []
     mark = f"{TREE_MARK}={tag}".encode() if tag else b""
-    for entry in os.listdir("/proc"):
+    for entry in posix.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
@@ -324,7 +346,7 @@ def _session_members(sid: int, tag: str = "") -> list[int]:
         fields = data[data.rfind(b")") + 2 :].split()
         pid = int(entry)
         parents[pid] = int(fields[1])
-        if pid == 1 or pid == os.getpid():
+        if pid == 1 or pid == posix.getpid():
             continue
         if int(fields[3]) == sid or mark and _environ_has(pid, mark):
             members.append(pid)
@@ -357,13 +379,13 @@ def kill_tree(pid: int, tag: str = "") -> None:
     whatever carries its `tag` (see TREE_MARK)."""
     for _ in range(3):
         try:
-            os.killpg(pid, signal.SIGKILL)
+            posix.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
         members = _session_members(pid, tag)
         for member in members:
             try:
-                os.kill(member, signal.SIGKILL)
+                posix.kill(member, signal.SIGKILL)
             except OSError:
                 pass
         if not members:
@@ -373,7 +395,7 @@ def kill_tree(pid: int, tag: str = "") -> None:
 def child_env(extra: dict[str, str] | None) -> dict[str, str]:
     """The agent's environment plus `extra`, without the mark that hides the agent's own
     helpers from listings (user commands must be listed)."""
-    env = dict(os.environ)
+    env = dict(ENVIRON)
     env.pop(INTERNAL_MARK, None)
     if extra:
         env.update(extra)
@@ -399,8 +421,8 @@ def proc_info(child: Child) -> dict:
 
 
 def op_start(conn: socket.socket, req: dict) -> None:
-    null_in = os.open("/dev/null", os.O_RDONLY)
-    null_out = os.open("/dev/null", os.O_WRONLY)
+    null_in = posix.open("/dev/null", posix.O_RDONLY)
+    null_out = posix.open("/dev/null", posix.O_WRONLY)
     try:
         child = spawn(
             req["argv"],
@@ -411,8 +433,8 @@ def op_start(conn: socket.socket, req: dict) -> None:
             command=req.get("command") or " ".join(req["argv"]),
         )
     finally:
-        os.close(null_in)
-        os.close(null_out)
+        posix.close(null_in)
+        posix.close(null_out)
     remember(child)
     send_line(conn, {"ok": True, "process": proc_info(child)})
 
@@ -431,11 +453,11 @@ def op_list(conn: socket.socket, req: dict) -> None:
 
 
 def _visible_processes() -> list[dict]:
-    hz = os.sysconf("SC_CLK_TCK")
+    hz = posix.sysconf("SC_CLK_TCK")
     boot = _boot_time()
-    me = os.getpid()
+    me = posix.getpid()
     out = []
-    for entry in os.listdir("/proc"):
+    for entry in posix.listdir("/proc"):
         if not entry.isdigit() or int(entry) in (1, me):
             continue
         pid = int(entry)
@@ -474,7 +496,7 @@ def _boot_time() -> int:
 def op_signal(conn: socket.socket, req: dict) -> None:
     pid = int(req["pid"])
     sig = int(req["signal"])
-    if pid <= 1 or pid == os.getpid():
+    if pid <= 1 or pid == posix.getpid():
         raise AgentError("process_not_found", f"no process {pid}")
     if sig not in signal.valid_signals():
         raise AgentError("invalid_request", f"unknown signal {sig}")
@@ -484,11 +506,11 @@ def op_signal(conn: socket.socket, req: dict) -> None:
             if child.done.is_set():
                 raise AgentError("process_not_found", f"process {pid} has exited")
             try:
-                os.killpg(pid, sig)
+                posix.killpg(pid, sig)
             except ProcessLookupError:
-                os.kill(pid, sig)
+                posix.kill(pid, sig)
         else:
-            os.kill(pid, sig)
+            posix.kill(pid, sig)
     except ProcessLookupError:
         raise AgentError("process_not_found", f"no process {pid}") from None
     send_line(conn, {"ok": True})

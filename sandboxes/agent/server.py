@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import _thread
 import errno
-import os
+
+# posix, not os: the agent's start-up skips `os` (see procs.py)
+import posix
 import resource
 import sys
 import time
 
-from . import PROTOCOL, execute, files, ports, procs, spawn, terminal
-from .procs import CONFIG, REAPER, limit_self, reset_inherited_signals
+from . import PROTOCOL, execute, procs, spawn
+from .procs import CONFIG, ENVIRON, REAPER, limit_self, reset_inherited_signals
 from .wire import (
     CHUNK,
+    OS_CODES,
     AgentError,
     accept,
     json_loads,
@@ -56,11 +59,11 @@ def await_config() -> None:
             return
         chunks = []
         while True:
-            chunk = os.read(fd, CHUNK)
+            chunk = posix.read(fd, CHUNK)
             if not chunk:
                 break
             chunks.append(chunk)
-        os.close(fd)
+        posix.close(fd)
         if chunks:
             try:
                 config = json_loads(b"".join(chunks).decode())
@@ -74,16 +77,16 @@ def await_config() -> None:
                     if not isinstance(value, int):
                         raise ValueError(f"rlimit {name} must be an integer")
             except Exception as exc:  # noqa: BLE001 - any flaw is fatal, see above
-                os.write(2, f"sandpit agent: bad configuration: {exc!r}\n".encode())
-                os._exit(70)
-            os.environ.update(env)
+                posix.write(2, f"sandpit agent: bad configuration: {exc!r}\n".encode())
+                posix._exit(70)
+            ENVIRON.update(env)
             CONFIG["rlimits"] = rlimits
         limit_self()
         CONFIG["config_fd"] = None
 
 
 def op_ping(conn: socket.socket, req: dict) -> None:
-    send_line(conn, {"ok": True, "pid": os.getpid(), "protocol": PROTOCOL})
+    send_line(conn, {"ok": True, "pid": posix.getpid(), "protocol": PROTOCOL})
 
 
 OPS: dict[str, Callable[[Any, dict], None]] = {
@@ -91,29 +94,49 @@ OPS: dict[str, Callable[[Any, dict], None]] = {
     "start": procs.op_start,
     "list": procs.op_list,
     "signal": procs.op_signal,
-    "pty": terminal.op_pty,
-    "pty_resize": terminal.op_pty_resize,
-    "pty_status": terminal.op_pty_status,
-    "ports": ports.op_ports,
-    "connect": ports.op_connect,
     "ping": op_ping,
-    **files.OPS,
 }
-"""With the session ops (``session_*``), which `find_op` adds on first use."""
+"""The ops a sandbox that only runs commands needs; `find_op` adds the others on first use:
+terminals, ports and files (`load_more`), and sessions (``session_*``, `load_sessions`)."""
+BODY_OPS: dict[str, Callable[[Any, dict, bytes], None]] = {"exec": execute.op_exec}
+"""The ops whose request line is followed by a body; ``write`` is added by `load_more`."""
 
 
 def find_op(name: str) -> Callable[[Any, dict], None] | None:
     op = OPS.get(name)
-    if op is None and name.startswith("session_"):
-        load_sessions()
+    if op is None:
+        if name.startswith("session_"):
+            load_sessions()
+        else:
+            load_more()
         op = OPS.get(name)
     return op
 
 
+def load_more() -> None:
+    """Import the terminal, port and file ops (terminal.py, ports.py, files.py, and the os
+    module with them) on first use: ~1.5 ms of CPU at each jail's start here, where every
+    sandbox pays it and one that only runs commands never needs them."""
+    from . import files, ports, terminal
+
+    OPS.update(
+        {
+            "pty": terminal.op_pty,
+            "pty_resize": terminal.op_pty_resize,
+            "pty_status": terminal.op_pty_status,
+            "ports": ports.op_ports,
+            "connect": ports.op_connect,
+            **files.OPS,
+        }
+    )
+    BODY_OPS["write"] = files.op_write
+
+
 def load_sessions() -> None:
-    """Import the session ops: ~3 ms of a cold jail's start-up CPU (sessions.py and its
-    termios, fcntl, struct and collections) that most sandboxes never use. A warm jail
-    loads them while it waits in the pool, so a claimed one never pays for it."""
+    """Import the session ops (sessions.py and its termios, fcntl, struct and collections)
+    on first use: most sandboxes never use them. Warm jails too: their start competes for
+    the cores with the requests being served (the pool refills while they run), so a jail
+    started ahead pays only for what every sandbox needs."""
     from . import sessions
 
     OPS.update(sessions.OPS)
@@ -132,7 +155,9 @@ def handle(conn: socket.socket) -> None:
             if n < 0:
                 raise AgentError("invalid_request", "negative body length")
             body = rest[:n] + (recv_exact(conn, n - len(rest)) if n > len(rest) else b"")
-            (execute.op_exec if name == "exec" else files.op_write)(conn, req, body)
+            if name not in BODY_OPS:
+                load_more()
+            BODY_OPS[name](conn, req, body)
             return
         op = find_op(name) if isinstance(name, str) else None
         if op is None:
@@ -146,7 +171,7 @@ def handle(conn: socket.socket) -> None:
     except (BrokenPipeError, ConnectionResetError):
         pass
     except OSError as exc:
-        code = files.OS_CODES.get(exc.errno or 0, "agent_error")
+        code = OS_CODES.get(exc.errno or 0, "agent_error")
         try_send(
             conn, {"ok": False, "error": code, "message": f"{exc.strerror}: {exc.filename or ''}"}
         )
@@ -191,6 +216,8 @@ def relay(path: str) -> None:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.005)
+    from . import ports  # a process of its own, which serves nothing else
+
     ports.splice_fds(conn, 0, 1)
 
 
@@ -205,30 +232,28 @@ def main() -> None:
         return
     CONFIG.update(json_loads(sys.argv[1]))
     reset_inherited_signals()  # before any thread starts: they inherit the mask
-    # A warm jail (config_fd) loads libc's posix_spawn while it idles in the pool.
-    spawn.start_loading(CONFIG.get("exec_shim"), preload=CONFIG.get("config_fd") is not None)
+    spawn.start_loading(CONFIG.get("exec_shim"))
     if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
         limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code
     # cannot signal the agent; the host kills the jail with SIGKILL.
     path = CONFIG["socket"]
     try:
-        os.unlink(path)
+        posix.unlink(path)
     except FileNotFoundError:
         pass
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     if CONFIG.get("socket_mode") is not None:  # the host may run as another uid
-        os.chmod(path, int(CONFIG["socket_mode"]))
+        posix.chmod(path, int(CONFIG["socket_mode"]))
     server.listen(128)
     _thread.start_new_thread(REAPER.run, ())
     if CONFIG.get("config_fd") is not None:  # nothing the jail runs may inherit it
-        os.set_inheritable(CONFIG["config_fd"], False)
-        load_sessions()  # a warm jail: idle until claimed, so now rather than on first use
+        posix.set_inheritable(CONFIG["config_fd"], False)
     ready_fd = CONFIG.get("ready_fd")
     if ready_fd is not None:
-        os.write(ready_fd, b"ready\n")
-        os.close(ready_fd)
+        posix.write(ready_fd, b"ready\n")
+        posix.close(ready_fd)
     while True:
         try:
             conn = accept(server)

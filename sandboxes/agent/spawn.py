@@ -17,16 +17,19 @@ Loading ctypes and libc costs each agent ~2 ms of CPU (10-40 ms of wall time), s
 holds the first command until it is done. Where the host provides the shim (exec_shim.c;
 the local provider binds it into each jail), commands start through os.posix_spawn of the
 shim instead, which sets those two back to their default before it runs the command (an
-exec more: ~0.6 ms of CPU per command), until libc is loaded. A cold jail loads it only
-once it has started `SHIM_SPAWNS_BEFORE_LIBC` commands: a sandbox that runs one command
-(a burst of creates) never pays for it, one that runs many pays it once. A warm jail loads
-it as it starts, while it idles in the pool.
+exec more: ~0.6 ms of CPU per command), until libc is loaded. A jail loads it only once
+it has started `SHIM_SPAWNS_BEFORE_LIBC` commands: a sandbox that runs one command (a burst
+of creates) never pays for it, one that runs many pays it once, on a thread of its own
+while its commands go on through the shim. Warm jails too: the pool refills while
+requests are served, so what a jail loads ahead is CPU taken from them.
 """
 
 from __future__ import annotations
 
 import _thread
-import os
+
+# posix, not os: the agent's start-up skips `os` (see procs.py)
+import posix
 import sys
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
@@ -62,17 +65,17 @@ _loaded = _thread.allocate_lock()
 _loaded.acquire()
 
 
-def start_loading(exec_shim: str | None = None, *, preload: bool = True) -> None:
-    """Load libc's posix_spawn on a thread of its own, now unless there is `exec_shim` and
-    not `preload` (see the module docstring); until it is loaded, commands start through
-    `exec_shim` where there is one."""
+def start_loading(exec_shim: str | None = None) -> None:
+    """Load libc's posix_spawn on a thread of its own: now where there is no `exec_shim`,
+    else after the shim started SHIM_SPAWNS_BEFORE_LIBC commands (see the module
+    docstring); until it is loaded, commands start through `exec_shim`."""
     if exec_shim is not None:
         _state.update(
             exec_shim=exec_shim,
             shim_sigdef=[sig for sig in _signal.valid_signals() if sig not in _NO_DEFAULT],
             shim_spawns=0,
         )
-    if exec_shim is None or preload:
+    else:
         _begin_loading()
 
 
@@ -131,7 +134,7 @@ def _load_libc() -> None:
             function.restype = ctypes.c_int
     except (ImportError, OSError, AttributeError):
         return
-    number = _RT_SIGACTION.get(os.uname().machine)
+    number = _RT_SIGACTION.get(posix.uname().machine)
     if number is not None:
         for sig in (32, 33):
             old = ctypes.create_string_buffer(_KERNEL_SIGACTION_BYTES)
@@ -185,13 +188,13 @@ def spawn(
             for target, fd in enumerate(fds):
                 if libc.posix_spawn_file_actions_adddup2(actions, fd, target) != 0:
                     return None
-            c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
+            c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[_fsencode(a) for a in argv], None)
             c_env = (ctypes.c_char_p * (len(env) + 1))(
-                *[os.fsencode(f"{key}={value}") for key, value in env.items()], None
+                *[_fsencode(f"{key}={value}") for key, value in env.items()], None
             )
             pid = ctypes.c_int()
             if libc.posix_spawn(
-                ctypes.byref(pid), os.fsencode(program), actions, attr, c_argv, c_env
+                ctypes.byref(pid), _fsencode(program), actions, attr, c_argv, c_env
             ):
                 return None
             return pid.value
@@ -199,6 +202,11 @@ def spawn(
             libc.posix_spawn_file_actions_destroy(actions)
     finally:
         libc.posix_spawnattr_destroy(attr)
+
+
+def _fsencode(text: str) -> bytes:
+    """os.fsencode, for a str."""
+    return text.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 
 def _spawn_through_shim(
@@ -209,11 +217,11 @@ def _spawn_through_shim(
     report (exit status 127, as the fork path); None only when the shim did not start."""
     shim = _state["exec_shim"]
     try:
-        return os.posix_spawn(
+        return posix.posix_spawn(
             shim,
             [shim, program, *argv],
             env,
-            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
+            file_actions=[(posix.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)],
             setsid=True,
             setsigmask=(),
             setsigdef=_state["shim_sigdef"],

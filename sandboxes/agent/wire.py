@@ -10,6 +10,7 @@ from __future__ import annotations
 # collections), and the agent needs none of what the Python layer adds but accept() (see
 # `accept` below). The agent's modules take `socket` from here.
 import _socket as socket
+import errno
 
 # typing costs the agent's start-up ~5 ms: imported for the type checker only.
 TYPE_CHECKING = False
@@ -75,6 +76,23 @@ def accept(server: socket.socket) -> socket.socket:
 
 MAX_LINE = 1 << 20
 CHUNK = 65536
+OS_CODES = {
+    errno.ENOENT: "file_not_found",
+    errno.ENOTDIR: "file_conflict",
+    errno.EISDIR: "file_conflict",
+    errno.EEXIST: "file_conflict",
+    errno.ENOTEMPTY: "file_conflict",
+    errno.EBUSY: "file_conflict",
+    errno.EINVAL: "file_conflict",
+    errno.ENOSPC: "resource_exhausted",
+    errno.EDQUOT: "resource_exhausted",
+    errno.EFBIG: "resource_exhausted",
+    errno.EACCES: "path_not_allowed",
+    errno.EPERM: "path_not_allowed",
+    errno.ELOOP: "path_not_allowed",
+    errno.ENAMETOOLONG: "path_not_allowed",
+}
+"""OSError numbers -> the provider error codes the host maps to its exceptions."""
 
 
 class AgentError(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import socket
 import subprocess
+import threading
 import time
 import uuid
 import zipfile
@@ -28,6 +29,7 @@ from sandboxes.providers.local import c_helpers
 from sandboxes.providers.local.jail import JAIL_EXEC_SHIM, JAIL_PYTHON
 from sandboxes.providers.local.provider import EXEC_SHIM
 from tests.requirements import missing_part
+from tests.sandboxes.test_provider_contract import read_pty_until
 
 HEAVY = frozenset(
     {
@@ -48,17 +50,34 @@ HEAVY = frozenset(
 )
 
 
+FIRST_USE = frozenset(
+    {
+        # what only terminals, ports, file operations and sessions need (server.load_more,
+        # server.load_sessions): ~1.5 ms of CPU at every jail's start otherwise
+        "os",
+        "posixpath",
+        "_collections_abc",
+        "termios",
+        *(f"{agent_bundle.PACKAGE}.{name}" for name in ("files", "ports", "terminal", "sessions")),
+    }
+)
+
+
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """The modules an agent has after importing everything a warm jail loads at start."""
+def agent_bundle_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundle as the jails run it (compiled by their interpreter)."""
     if not Path(JAIL_PYTHON).exists():
         missing_part(f"{JAIL_PYTHON} (the jails' interpreter) is not installed")
     bundle = tmp_path_factory.mktemp("agent") / "agent.pyz"
     bundle.write_bytes(agent_bundle.compiled(JAIL_PYTHON, bundle.parent))
-    package = agent_bundle.PACKAGE
+    return bundle
+
+
+def _modules_after(bundle: Path, *imports: str) -> set[str]:
+    """The modules the jails' interpreter holds after importing `imports` from `bundle`."""
+    names = ", ".join(f"{agent_bundle.PACKAGE}.{name}" for name in imports)
     probe = (
-        f"import sys; sys.path.insert(0, {str(bundle)!r}); "
-        f"import {package}.server, {package}.sessions; "
+        f"import sys; sys.path.insert(0, {str(bundle)!r}); import {names}; "
         "print(' '.join(sorted(sys.modules)))"
     )
     done = subprocess.run(  # noqa: S603 - the jails' interpreter and our bundle
@@ -67,10 +86,20 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     return set(done.stdout.split())
 
 
-def test_the_agent_starts_without_the_heavy_modules(loaded: set[str]) -> None:
+def test_the_agent_starts_without_the_heavy_modules(agent_bundle_file: Path) -> None:
+    """Not even once sessions are loaded (the heaviest of the ops loaded on first use)."""
+    loaded = _modules_after(agent_bundle_file, "server", "sessions", "files", "terminal")
     assert f"{agent_bundle.PACKAGE}.server" in loaded  # the probe really imported the agent
     assert f"{agent_bundle.PACKAGE}.sessions" in loaded
     assert not HEAVY & loaded, f"the agent's start-up imports {sorted(HEAVY & loaded)}"
+
+
+def test_a_jail_starts_without_what_only_some_requests_need(agent_bundle_file: Path) -> None:
+    """Every jail, warm or cold, starts the agent (server.py): the modules of the ops that
+    a sandbox running commands never calls load on their first request."""
+    loaded = _modules_after(agent_bundle_file, "server")
+    assert {f"{agent_bundle.PACKAGE}.{name}" for name in ("execute", "procs", "spawn")} <= loaded
+    assert not FIRST_USE & loaded, f"a jail's start imports {sorted(FIRST_USE & loaded)}"
 
 
 def test_the_agent_starts_from_its_compiled_modules(tmp_path: Path) -> None:
@@ -123,6 +152,56 @@ def test_a_cold_jail_starts_its_first_commands_through_the_shim(
     )
     state = dict(line.split(":\t", 1) for line in status.stdout.decode().splitlines())
     assert int(state["SigIgn"], 16) == 0 and int(state["SigBlk"], 16) == 0, state
+
+
+def test_the_first_requests_of_every_kind_at_once_all_load_what_they_need(
+    provider: SandboxProvider, sandbox: str
+) -> None:
+    """On a fresh sandbox, whose agent loads the terminal, port, file and process ops on
+    their first use: the first request of each kind, all at once from threads of their
+    own, each get their answer (none finds the ops half loaded by another)."""
+    provider.write_file(sandbox, "/workspace/seen.txt", b"seen")
+    answers: dict[str, object] = {}
+    barrier = threading.Barrier(6)
+
+    def pty() -> object:
+        session = provider.open_pty(sandbox, cols=80, rows=24)
+        try:
+            session.write(b"echo pty-$((6*7))\n")
+            return b"pty-42" in read_pty_until(session, b"pty-42")
+        finally:
+            session.close()
+
+    calls = {
+        "pty": pty,
+        "ports": lambda: provider.open_ports(sandbox),
+        "read": lambda: provider.read_file(sandbox, "/workspace/seen.txt"),
+        "list": lambda: sorted(entry.name for entry in provider.list_files(sandbox, "/workspace")),
+        "processes": lambda: provider.list_processes(sandbox),
+        "exec": lambda: provider.exec(sandbox, ExecRequest(command="echo", args=["ran"])).stdout,
+    }
+
+    def call(name: str) -> None:
+        barrier.wait(10)
+        try:
+            answers[name] = calls[name]()
+        except Exception as exc:  # noqa: BLE001 - reported below, per call
+            answers[name] = exc
+
+    threads = [threading.Thread(target=call, args=(name,)) for name in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    processes = answers.pop("processes")  # the terminal's shell, when it opened first
+    assert isinstance(processes, list), processes
+    assert answers == {
+        "pty": True,
+        "ports": [],
+        "read": b"seen",
+        "list": ["seen.txt"],
+        "exec": b"ran\n",
+    }
 
 
 @pytest.mark.parametrize(
