@@ -135,8 +135,7 @@ def load_more() -> None:
 def load_sessions() -> None:
     """Import the session ops (sessions.py and its termios, fcntl, struct and collections)
     on first use: most sandboxes never use them. Warm jails too: their start competes for
-    the cores with the requests being served (the pool refills while they run), so a jail
-    started ahead pays only for what every sandbox needs."""
+    the cores with the requests being served (the pool refills while they run)."""
     from . import sessions
 
     OPS.update(sessions.OPS)
@@ -232,7 +231,8 @@ def main() -> None:
         return
     CONFIG.update(json_loads(sys.argv[1]))
     reset_inherited_signals()  # before any thread starts: they inherit the mask
-    spawn.start_loading(CONFIG.get("exec_shim"))
+    # A warm jail (config_fd) loads libc's posix_spawn while it idles in the pool.
+    spawn.start_loading(CONFIG.get("exec_shim"), preload=CONFIG.get("config_fd") is not None)
     if CONFIG.get("config_fd") is None:  # a cold start: the limits are final already
         limit_self()
     # No handlers for SIGTERM & co: as PID 1 without handlers the user's code

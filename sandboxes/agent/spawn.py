@@ -17,11 +17,12 @@ Loading ctypes and libc costs each agent ~2 ms of CPU (10-40 ms of wall time), s
 holds the first command until it is done. Where the host provides the shim (exec_shim.c;
 the local provider binds it into each jail), commands start through os.posix_spawn of the
 shim instead, which sets those two back to their default before it runs the command (an
-exec more: ~0.6 ms of CPU per command), until libc is loaded. A jail loads it only once
-it has started `SHIM_SPAWNS_BEFORE_LIBC` commands: a sandbox that runs one command (a burst
-of creates) never pays for it, one that runs many pays it once, on a thread of its own
-while its commands go on through the shim. Warm jails too: the pool refills while
-requests are served, so what a jail loads ahead is CPU taken from them.
+exec more: ~0.6 ms of CPU per command), until libc is loaded. A cold jail loads it only
+once it has started `SHIM_SPAWNS_BEFORE_LIBC` commands: a sandbox that runs one command
+(a burst of creates) never pays for it, one that runs many pays it once. A warm jail loads
+it as it starts, while it idles in the pool: its claim's first command, the one a create
+is waiting to run, then starts without the shim's exec (~1 ms sooner, measured through the
+API), which is worth its ~1.5 ms of the pool's CPU.
 """
 
 from __future__ import annotations
@@ -65,17 +66,17 @@ _loaded = _thread.allocate_lock()
 _loaded.acquire()
 
 
-def start_loading(exec_shim: str | None = None) -> None:
-    """Load libc's posix_spawn on a thread of its own: now where there is no `exec_shim`,
-    else after the shim started SHIM_SPAWNS_BEFORE_LIBC commands (see the module
-    docstring); until it is loaded, commands start through `exec_shim`."""
+def start_loading(exec_shim: str | None = None, *, preload: bool = True) -> None:
+    """Load libc's posix_spawn on a thread of its own, now unless there is `exec_shim` and
+    not `preload` (see the module docstring); until it is loaded, commands start through
+    `exec_shim` where there is one."""
     if exec_shim is not None:
         _state.update(
             exec_shim=exec_shim,
             shim_sigdef=[sig for sig in _signal.valid_signals() if sig not in _NO_DEFAULT],
             shim_spawns=0,
         )
-    else:
+    if exec_shim is None or preload:
         _begin_loading()
 
 
