@@ -135,9 +135,7 @@ def test_claimed_jail_runs_commands_files_and_processes(warm_provider, make_warm
     assert run_code(warm_provider, sandbox, "print(6 * 7)", "python").stdout == b"42\n"
 
 
-def test_a_warm_jail_loads_libc_ahead_and_the_terminal_ops_on_first_use(
-    warm_provider, make_warm
-):
+def test_a_warm_jail_loads_libc_ahead_and_the_terminal_ops_on_first_use(warm_provider, make_warm):
     """The pool refills while requests are served, so a warm jail loads ahead only what
     its claim's first command needs: libc's posix_spawn (ctypes), which starts it without
     the exec shim's extra exec. The terminal and session ops (termios) load as a cold
