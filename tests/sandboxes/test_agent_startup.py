@@ -204,6 +204,38 @@ def test_the_first_requests_of_every_kind_at_once_all_load_what_they_need(
     }
 
 
+PLANTED = ("os", "posixpath", "termios", "fcntl", "struct", "ctypes", "files", "ports", "terminal")
+
+
+def test_modules_the_agent_loads_on_first_use_cannot_be_planted_by_the_sandbox(
+    provider: SandboxProvider, sandbox: str
+) -> None:
+    """The agent runs in the sandbox's working directory (/workspace), which the sandbox's
+    code writes: modules named like those the agent imports on first use, planted there, in
+    /tmp and in a package of the agent's name, are never what it imports (`-I`: no working
+    directory or environment on its path). Each would leave a mark if it ran."""
+    for directory in ("/workspace", "/tmp", f"/workspace/{agent_bundle.PACKAGE}"):
+        for name in PLANTED:
+            provider.write_file(
+                sandbox,
+                f"{directory}/{name}.py",
+                f"open('/tmp/planted-{name}-ran', 'w').close()\n".encode(),
+            )
+    provider.write_file(sandbox, f"/workspace/{agent_bundle.PACKAGE}/__init__.py", b"")
+    session = provider.open_pty(sandbox, cols=80, rows=24)  # terminal, fcntl, termios
+    try:
+        session.write(b"echo pty-$((6*7))\n")
+        read_pty_until(session, b"pty-42")
+    finally:
+        session.close()
+    assert provider.open_ports(sandbox) == []  # ports
+    assert provider.read_file(sandbox, "/workspace/os.py").startswith(b"open(")  # files
+    for _ in range(SHIM_SPAWNS_BEFORE_LIBC + 1):  # then ctypes, where there is a shim
+        provider.exec(sandbox, ExecRequest(command="true", args=[]))
+    marks = provider.exec(sandbox, ExecRequest(command="sh", args=["-c", "ls /tmp | grep ran"]))
+    assert marks.stdout == b"", marks.stdout
+
+
 @pytest.mark.parametrize(
     ("command", "cwd"),
     [("./notes", None), ("/workspace/notes", "/tmp")],
