@@ -433,7 +433,8 @@ async def measure(
                 await product_once(one.client, args.provider, one.created)
                 await floor_once(args.provider)
             await destroy_all(one.client, one.created)
-        await sequential(served, args, meter, want)
+        if args.sequential > 0:  # --sequential 0: bursts only
+            await sequential(served, args, meter, want)
         for burst in range(1, args.bursts + 1 if args.burst > 0 else 1):  # --burst 0: none
             # Swapped every burst, so neither server always goes first.
             order = served if burst % 2 else list(reversed(served))
