@@ -4,9 +4,10 @@ What a burst of cold creates pays per jail, measured from the outside in the sam
 alternated: a raw `bwrap true` (the floor's namespaces and binds), the same bwrap running
 the jails' interpreter (`python3 -I -S -c pass`), and running it to the agent's import
 from the bundle the local provider installs (compiled, as jails run it). Beside them, the
-estimate for a jail that would not start its own interpreter: forking a process that has
-already imported the agent, into the same new namespaces, with its own /proc and a tmpfs
-(bench/_fork_jail_probe.py; not a jail: no root of its own, uid or cgroups).
+estimates for a jail that would not start its own interpreter, from a process that has
+already imported the agent (a zygote; bench/_fork_jail_probe.py): forked into namespaces
+it makes itself (a lower bound), and forked by setns into a jail bwrap made around a
+placeholder (bwrap's set-up kept). Neither is a whole jail: no uid change, no cgroups.
 
 CPU is the cgroup's (cpuacct): every process of a start and the kernel's work done on their
 behalf, which the wait status's rusage misses for bwrap's namespaced children. Root only
@@ -38,6 +39,27 @@ from sandboxes.providers import agent_bundle  # noqa: E402
 PYTHON = "/usr/bin/python3"
 JAIL_AGENT = "/opt/sandpit/agent.pyz"
 PROBE = Path(__file__).resolve().parent / "_fork_jail_probe.py"
+ZYGOTE_WAYS = {
+    "unshare": "a started agent forked into namespaces it makes itself, with its own /proc "
+    "and a tmpfs (a lower bound: no root of its own, uid or cgroups)",
+    "setns": "bwrap around a placeholder (sh, then sleep), a started agent forked into its "
+    "namespaces by setns (bwrap's set-up kept; no uid change or cgroups)",
+}
+
+
+def probe_argv(bundle: Path, count: int, mount_point: Path, how: str) -> list[str]:
+    """_fork_jail_probe.py under the jails' interpreter; `setns` with the floor's bwrap."""
+    return [
+        PYTHON,
+        "-I",
+        "-S",
+        str(PROBE),
+        str(bundle),
+        str(count),
+        str(mount_point),
+        how,
+        *(BWRAP if how == "setns" else []),
+    ]
 
 
 class Meter:
@@ -94,22 +116,22 @@ def main() -> None:
                 start()
                 wall[name].append((time.perf_counter() - started) * 1000)
                 cpu[name].append(meter.cpu_ms() - before)
-        # The forks run in one process that imported the agent once, as a zygote would.
-        before = meter.cpu_ms()
-        probe = subprocess.run(
-            [PYTHON, "-I", "-S", str(PROBE), str(bundle), str(args.runs), str(mount_point)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        forks = [float(line) for line in probe.stdout.split()]
-        # Its own start and import are paid once, not per jail: take them off.
-        once_before = meter.cpu_ms()
-        subprocess.run(
-            [PYTHON, "-I", "-S", str(PROBE), str(bundle), "0", str(mount_point)], check=True
-        )
-        once = meter.cpu_ms() - once_before
-        fork_cpu = (once_before - before - once) / max(1, len(forks))
+        # The forks run in one process that imported the agent once, as a zygote would;
+        # its own start and import are paid once, not per jail: taken off.
+        forked: dict[str, tuple[float, list[float]]] = {}
+        for how in ZYGOTE_WAYS:
+            before = meter.cpu_ms()
+            probe = subprocess.run(
+                [*probe_argv(bundle, args.runs, mount_point, how)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            walls = [float(line) for line in probe.stdout.split()]
+            once_before = meter.cpu_ms()
+            subprocess.run(probe_argv(bundle, 0, mount_point, how), check=True)
+            once = meter.cpu_ms() - once_before
+            forked[how] = ((once_before - before - once) / max(1, len(walls)), walls)
     finally:
         meter.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -120,11 +142,11 @@ def main() -> None:
             f"{name} | {statistics.median(cpu[name]):.2f} | "
             f"{statistics.median(wall[name]):.2f} | {percentile(wall[name], 95):.2f}"
         )
-    print(
-        "fork of a started agent into new namespaces, its first process mounting /proc and "
-        f"a tmpfs (estimate, not a jail) | {fork_cpu:.2f} (mean) | "
-        f"{statistics.median(forks):.2f} | {percentile(forks, 95):.2f}"
-    )
+    for how, (per_jail, walls) in forked.items():
+        print(
+            f"{ZYGOTE_WAYS[how]} | {per_jail:.2f} (mean) | "
+            f"{statistics.median(walls):.2f} | {percentile(walls, 95):.2f}"
+        )
 
 
 if __name__ == "__main__":
