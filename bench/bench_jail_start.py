@@ -122,7 +122,7 @@ def main() -> None:
         for how in ZYGOTE_WAYS:
             before = meter.cpu_ms()
             probe = subprocess.run(
-                [*probe_argv(bundle, args.runs, mount_point, how)],
+                probe_argv(bundle, args.runs, mount_point, how),
                 check=True,
                 capture_output=True,
                 text=True,
