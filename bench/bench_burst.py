@@ -442,6 +442,13 @@ async def measure(
                 await many_at_once(one, served, args, meter, burst, want)
     finally:
         for one in served:
+            # A run that failed half-way would leave its sandboxes live, and a local
+            # sandbox outlives its server: every later run's jails would start beside them.
+            if one.created:
+                try:
+                    await destroy_all(one.client, one.created)
+                except Exception as exc:  # noqa: BLE001 - the first error is the one to show
+                    print(f"warning: {len(one.created)} sandboxes not destroyed: {exc}")
             await close_client(one.client)
 
 
@@ -587,7 +594,8 @@ def main() -> None:
     extra = {
         "SANDPIT_PROVIDERS": "local,docker" if args.provider == "docker" else "local",
         "SANDPIT_DOCKER_IMAGE": IMAGE,
-        "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, args.burst * 2)),
+        # One organization for both servers; one after another keeps its sandboxes to the end.
+        "SANDPIT_MAX_CONCURRENT_SANDBOXES": str(max(200, 2 * args.burst, 2 * args.sequential)),
     }
     if args.warm_pool is not None:
         extra["SANDPIT_LOCAL_WARM_POOL"] = str(args.warm_pool)
