@@ -2,12 +2,17 @@
 in-process over ASGI: requests still run side by side, each on one thread, and a thread
 still busy with a cancelled request is not handed to the next one. Without Django's
 request_started receivers (as the web server runs) a request is one thread hop fewer, and
-still finds no database connection left open on its thread."""
+still finds no database connection left open on its thread. A response whole when its view
+returns is closed on the view's thread, once: one hop fewer again, and nothing that runs on
+the thread later (a query on the way out, a streamed body) escapes the close."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -16,12 +21,22 @@ from typing import Any
 import pytest
 from asgiref.testing import ApplicationCommunicator
 from django.core import signals
+from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections, connections, reset_queries
+from django.http import (
+    FileResponse,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.template import engines
+from django.template.response import SimpleTemplateResponse
 
 from playground.webthreads import (
     PooledASGIHandler,
     RequestThread,
     RequestThreads,
+    closes_with_its_view,
     request_started_has_no_work,
     skip_request_started,
 )
@@ -175,8 +190,9 @@ def test_without_request_started_receivers_a_request_is_one_hop_fewer() -> None:
     finally:
         signals.request_started.connect(close_old_connections)
         signals.request_started.connect(reset_queries)
-    # Django's: request_started, the view, response.close (request_finished).
-    assert (with_receivers, without) == (3, 2)
+    # Django's: request_started, the view, response.close (request_finished); the close
+    # now ends the view's own hop.
+    assert (with_receivers, without) == (2, 1)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -196,23 +212,25 @@ def test_a_reused_thread_starts_each_request_without_a_connection(
     assert all(used.connection is None for used in threads_urls.OPENED)  # closed after each
 
 
+async def failing_send(message: dict[str, Any]) -> None:
+    raise OSError("the connection went away")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_ended_without_request_finished_leaves_no_connection(
     request_started_skipped: None,
 ) -> None:
     """The response could not be sent (here: the server's send raises), so Django never
-    closed the response: its thread is not reused, and its connection is closed."""
+    closed the response (streamed: not closed with its view): its thread is not reused,
+    and its connection is closed."""
     threads_urls.OPENED.clear()
     app = PooledASGIHandler(keep=4)
-
-    async def failing_send(message: dict[str, Any]) -> None:
-        raise OSError("the connection went away")
 
     async def scenario() -> tuple[int, str]:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         await queue.put({"type": "http.request", "body": b""})
         with pytest.raises(OSError):
-            await app(scope("/database"), queue.get, failing_send)
+            await app(scope("/stream-database"), queue.get, failing_send)
         assert app.threads.idle_count() == 0
         return await get(app, "/database")
 
@@ -283,3 +301,166 @@ def test_a_cancelled_request_closes_its_connection_once_its_view_returns() -> No
     while threads_urls.OPENED[0].connection is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threads_urls.OPENED[0].connection is None
+
+
+# --- a whole response closed on its view's thread --------------------------------------------
+
+
+@pytest.fixture
+def finished_on() -> Iterator[list[int]]:
+    """The threads request_finished ran on, in order, while the test runs."""
+    seen: list[int] = []
+
+    def record(**_kwargs: object) -> None:
+        seen.append(threading.get_ident())
+
+    signals.request_finished.connect(record, dispatch_uid="test-web-threads-finished-on")
+    try:
+        yield seen
+    finally:
+        signals.request_finished.disconnect(dispatch_uid="test-web-threads-finished-on")
+
+
+def test_a_whole_response_is_closed_once_on_its_views_thread(
+    request_started_skipped: None, finished_on: list[int]
+) -> None:
+    app = PooledASGIHandler(keep=4)
+    app.threads = CountingThreads(4)
+    status, body = asyncio.run(get(app, "/ident"))
+    assert status == 200
+    assert finished_on == [int(body)]  # once, on the thread the view ran on
+    assert app.threads.calls == 1  # the view's hop, and no other
+    assert app.threads.idle_count() == 1  # kept: request_finished ran on it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_response_that_cannot_be_sent_was_closed_with_its_view(
+    request_started_skipped: None, finished_on: list[int]
+) -> None:
+    """The send raises after the view closed its response: the connection it used is
+    already closed, and its thread is clean to serve again."""
+    threads_urls.OPENED.clear()
+    app = PooledASGIHandler(keep=4)
+
+    async def scenario() -> None:
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await queue.put({"type": "http.request", "body": b""})
+        with pytest.raises(OSError):
+            await app(scope("/database"), queue.get, failing_send)
+
+    asyncio.run(scenario())
+    assert threads_urls.OPENED[0].connection is None
+    assert len(finished_on) == 1
+    assert app.threads.idle_count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_query_after_the_view_is_closed_after_it(
+    request_started_skipped: None, finished_on: list[int], settings: Any
+) -> None:
+    """Middleware ran a query on the request's thread after the view had closed its
+    response: Django's close follows as before, so that connection is not left open."""
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "tests.playground.threads_urls.QueryAfterTheView"]
+    threads_urls.OPENED.clear()
+    app = PooledASGIHandler(keep=4)
+    status, body = asyncio.run(get(app, "/ident"))
+    assert status == 200
+    assert finished_on == [int(body), int(body)]  # with its view, then after the query
+    assert len(threads_urls.OPENED) == 1
+    assert threads_urls.OPENED[0].connection is None
+    assert app.threads.idle_count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_streamed_response_is_closed_once_after_its_body(
+    request_started_skipped: None, finished_on: list[int]
+) -> None:
+    threads_urls.OPENED.clear()
+    app = PooledASGIHandler(keep=4)
+
+    async def streamed() -> tuple[int, str]:
+        communicator = ApplicationCommunicator(app, scope("/stream-database"))
+        await communicator.send_input({"type": "http.request", "body": b""})
+        start = await communicator.receive_output(30)
+        body = b""
+        while True:
+            message = await communicator.receive_output(30)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await communicator.wait(30)
+        return start["status"], body.decode()
+
+    status, body = asyncio.run(streamed())
+    assert status == 200
+    assert finished_on == [int(body)]  # once, after the body, on the request's thread
+    assert threads_urls.OPENED[0].connection is None
+
+
+def test_a_view_that_raises_is_closed_once(
+    request_started_skipped: None, finished_on: list[int]
+) -> None:
+    app = PooledASGIHandler(keep=4)
+    status, _ = asyncio.run(get(app, "/fails"))
+    assert status == 500
+    assert len(finished_on) == 1
+
+
+def test_which_responses_close_with_their_view(tmp_path: Any) -> None:
+    template = engines["django"].from_string("hello")
+    unrendered = SimpleTemplateResponse(template)
+    rendered = SimpleTemplateResponse(template)
+    rendered.render()
+    streamed = StreamingHttpResponse(iter([b"x"]))
+    (tmp_path / "file").write_bytes(b"x")
+    with (tmp_path / "file").open("rb") as handle:
+        a_file = FileResponse(handle)
+        assert not closes_with_its_view(a_file)
+    assert closes_with_its_view(HttpResponse(b"x"))
+    assert closes_with_its_view(JsonResponse({"x": 1}))
+    assert closes_with_its_view(rendered)
+    assert not closes_with_its_view(unrendered)  # Django renders it after the view
+    assert not closes_with_its_view(streamed)
+
+
+def _body_without_docstring(function: Any) -> list[ast.stmt]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    definition = tree.body[0]
+    assert isinstance(definition, ast.AsyncFunctionDef)
+    body = definition.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return body
+
+
+class _OursAsDjangos(ast.NodeTransformer):
+    """Our handle's one change undone (its last step closes every response again), and
+    our type annotations dropped (Django's has none)."""
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> Any:
+        node.returns = None
+        for argument in node.args.args:
+            argument.annotation = None
+        return self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> Any:
+        if "closed(response)" in ast.unparse(node.test):
+            return node.body
+        return self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> Any:
+        if ast.unparse(node) == "thread = SERVING_THREAD.get()":
+            return None
+        return node
+
+
+def test_our_handle_is_djangos_but_for_its_last_step() -> None:
+    """PooledASGIHandler.handle is a copy of Django's with one change. A Django upgrade
+    that changes Django's fails here: compare the two again, and copy it afresh."""
+    ours = _body_without_docstring(PooledASGIHandler.handle)
+    ours = [_OursAsDjangos().visit(statement) for statement in ours]
+    djangos = _body_without_docstring(ASGIHandler.handle)
+    dump = ast.Module(body=ours, type_ignores=[])
+    assert ast.dump(ast.fix_missing_locations(dump)) == ast.dump(
+        ast.Module(body=djangos, type_ignores=[])
+    )
