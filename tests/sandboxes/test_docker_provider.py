@@ -274,6 +274,42 @@ def test_workspace_size_and_file_size_are_limited(docker_provider, make_sandbox)
         docker_provider.write_file(sandbox, "big2.bin", b"x" * 12_000_000)
 
 
+class _SlowSecondSend:
+    """A connection to the agent whose every send after the first waits until the agent
+    has closed its end: the timing a client thread meets on a loaded host, where the agent
+    answers a request that needs no more bytes, and closes, before the client sends again."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._sends = 0
+
+    def sendall(self, data: bytes) -> None:
+        if self._sends:
+            closed = select.poll()
+            closed.register(self._sock, select.POLLRDHUP)
+            assert closed.poll(20_000), "the agent did not answer and close"
+        self._sends += 1
+        self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+def test_an_empty_file_is_written_when_the_agent_answers_before_the_client_sends_again(
+    docker_provider, make_sandbox, monkeypatch
+):
+    """An empty body is nothing to send: the agent has all it needs with the header, so it
+    may write, answer and close before the client's next send, which then failed (EPIPE:
+    "Lost the sandbox agent", seen under a loaded CI run)."""
+    sandbox = make_sandbox()
+    connect = docker_provider._connect
+    monkeypatch.setattr(docker_provider, "_connect", lambda *args: _SlowSecondSend(connect(*args)))
+    entry = docker_provider.write_file(sandbox, "empty.txt", b"")
+    monkeypatch.undo()
+    assert (entry.name, entry.size) == ("empty.txt", 0)
+    assert docker_provider.read_file(sandbox, "empty.txt") == b""
+
+
 def test_timeout_also_kills_children_that_left_the_process_group(docker_provider, make_sandbox):
     sandbox = make_sandbox()
     result = sh(

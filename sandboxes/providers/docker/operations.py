@@ -221,7 +221,8 @@ class DockerOperations(AgentOperations):
         try:
             header = {"op": "write", "path": path, "size": len(data)}
             sock.sendall(json.dumps(header).encode() + b"\n")
-            sock.sendall(data)
+            if data:  # an empty send could come after the agent answered and closed: EPIPE
+                sock.sendall(data)
             return _entry(wire.reply(sock)["entry"])
         except (OSError, ValueError, KeyError) as exc:
             raise self._lost(provider_id, exc) from None
