@@ -164,9 +164,13 @@ class CountingThreads(RequestThreads):
     def __init__(self, keep: int) -> None:
         super().__init__(keep)
         self.calls = 0
+        self._counting: set[int] = set()
 
     def take(self) -> RequestThread:
         thread = super().take()
+        if id(thread) in self._counting:  # a thread kept from an earlier request
+            return thread
+        self._counting.add(id(thread))
         submit = thread.submit
 
         def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
