@@ -17,6 +17,7 @@ from playground import asgi
 from tests.playground.test_web_threads import (  # noqa: F401 - a fixture, used by name
     CountingThreads,
     request_started_skipped,
+    whole_response,
 )
 
 
@@ -50,15 +51,8 @@ async def hops_of(
     before = threads.calls
     communicator = ApplicationCommunicator(asgi.application, scope(method, path, key, body))
     await communicator.send_input({"type": "http.request", "body": body})
-    start = await communicator.receive_output(30)
-    content = b""
-    while True:
-        message = await communicator.receive_output(30)
-        content += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    await communicator.wait(30)
-    return start["status"], threads.calls - before, json.loads(content) if content else None
+    status, content = await whole_response(communicator)
+    return status, threads.calls - before, json.loads(content) if content else None
 
 
 @pytest.mark.django_db(transaction=True)

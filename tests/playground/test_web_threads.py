@@ -62,6 +62,19 @@ def scope(path: str) -> dict[str, Any]:
     }
 
 
+async def whole_response(communicator: ApplicationCommunicator) -> tuple[int, bytes]:
+    """The status and the whole body (streamed or not) of the request `communicator` sent."""
+    start = await communicator.receive_output(30)
+    body = b""
+    while True:
+        message = await communicator.receive_output(30)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await communicator.wait(30)
+    return start["status"], body
+
+
 async def get(app: PooledASGIHandler, path: str) -> tuple[int, str]:
     communicator = ApplicationCommunicator(app, scope(path))
     await communicator.send_input({"type": "http.request", "body": b""})
@@ -382,18 +395,10 @@ def test_a_streamed_response_is_closed_once_after_its_body(
     threads_urls.OPENED.clear()
     app = PooledASGIHandler(keep=4)
 
-    async def streamed() -> tuple[int, str]:
+    async def streamed() -> tuple[int, bytes]:
         communicator = ApplicationCommunicator(app, scope("/stream-database"))
         await communicator.send_input({"type": "http.request", "body": b""})
-        start = await communicator.receive_output(30)
-        body = b""
-        while True:
-            message = await communicator.receive_output(30)
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        await communicator.wait(30)
-        return start["status"], body.decode()
+        return await whole_response(communicator)
 
     status, body = asyncio.run(streamed())
     assert status == 200
