@@ -33,7 +33,7 @@ And one more at the end: Django closes the response (``response.close()``, which
 ``request_finished``) on the request's thread once it is sent, a hop of its own after the
 view's. A response that is whole when the view returns (not streamed, not rendered later)
 is closed on the view's thread instead, at the end of the view's own hop, and the handler
-skips the hop after sending it: 0.3-0.4 ms of a bare request and ~0.6 ms of its CPU here.
+skips the hop after sending it: 0.3-0.4 ms of a bare request and ~0.4 ms of its CPU here.
 Whatever still runs on the thread after that (a session saved on the way out) gets
 Django's close after sending, as before (``RequestThread.ran_after_close``).
 """
