@@ -315,6 +315,13 @@ SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes
 # As root, a new (empty) jail root is mounted as a tmpfs: the jails' directories and state
 # are made and removed in memory, not journaled on the disk (volume.root_in_memory).
 SANDPIT_LOCAL_ROOT_IN_MEMORY = env_bool("SANDPIT_LOCAL_ROOT_IN_MEMORY", True)
+# Which cgroup hierarchy limits local jails: auto (v1 where it has memory and pids, else
+# v2), v1 or v2 (sandboxes/providers/local/jail.py, cgroup_bases).
+SANDPIT_LOCAL_CGROUPS = env_str("SANDPIT_LOCAL_CGROUPS", "auto")
+if SANDPIT_LOCAL_CGROUPS not in ("auto", "v1", "v2"):
+    raise ImproperlyConfigured(
+        f"SANDPIT_LOCAL_CGROUPS must be auto, v1 or v2, got {SANDPIT_LOCAL_CGROUPS!r}"
+    )
 # Pre-started idle jails per web/worker process: a create takes one in about 1 ms.
 SANDPIT_LOCAL_WARM_POOL = env_int("SANDPIT_LOCAL_WARM_POOL", 8)
 # ... and how many it may grow to after creates found it empty (a burst), refilled at idle

@@ -51,8 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the cgroup parents of the jail roots this session made, where no jail is
     left in them (each root has its own, see sandboxes/providers/local/jail.py)."""
+    unified = jail.unified_cgroup()
     for root in JAIL_ROOTS_MADE:
-        jail.cgroup_scope_remove(jail.cgroup_bases(jail.cgroup_scope(root)))
+        scope = jail.cgroup_scope(root)
+        jail.cgroup_scope_remove(jail.cgroup_bases(scope))
+        if unified is not None:  # a provider forced to v2 (test_local_cgroup_v2.py)
+            jail.cgroup_scope_remove({jail.UNIFIED: f"{unified}/sandpit/{scope}"})
 
 
 @pytest.fixture(autouse=True)

@@ -206,8 +206,15 @@ def limit_self() -> None:
     late changes nothing for the command (a child it forked within those microseconds
     would keep no CPU-seconds limit; the cgroup's CPU quota, the command timeout and the
     pids limit still hold it). With RLIMIT_AS (no memory cgroup) or a small fd limit the agent
-    keeps its own limits and every command is forked with all of them applied first."""
+    keeps its own limits and every command is forked with all of them applied first.
+
+    RLIMIT_NPROC (given where no pids cgroup counts the sandbox's processes) is taken on
+    in every case: the agent's own forks count against it, as a pids cgroup counts them,
+    so no number of commands started through the agent passes it."""
     rlimits = CONFIG.get("rlimits", {})
+    if "RLIMIT_NPROC" in rlimits:
+        value = rlimits["RLIMIT_NPROC"]
+        resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
     if "RLIMIT_AS" in rlimits or rlimits.get("RLIMIT_NOFILE", 1 << 20) < _FAST_MIN_NOFILE:
         return
     if posix.getcwd() != WORKSPACE:

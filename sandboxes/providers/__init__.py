@@ -103,6 +103,7 @@ def _build_local() -> SandboxProvider:
         host_uid_count=settings.SANDPIT_LOCAL_UID_COUNT,
         host_uid_lock_dir=settings.SANDPIT_LOCAL_UID_LOCK_DIR,
         root_in_memory=settings.SANDPIT_LOCAL_ROOT_IN_MEMORY,
+        cgroup_version=settings.SANDPIT_LOCAL_CGROUPS,
     )
 
 

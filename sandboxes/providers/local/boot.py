@@ -109,8 +109,8 @@ class JailBoot:
             if not jail.cgroups_set_limits(state.cgroups, res):
                 raise ProviderUnavailable(f"cannot apply the limits to warm jail {jail_id}")
         jail.cgroups_set_background(state.cgroups, False)
-        jail.cgroups_reset_counters(state.cgroups)
-        rlimits = jail.rlimits(res, with_cgroup_memory="memory" in state.cgroups)
+        state.cpu_base_ns = jail.cgroups_reset_counters(state.cgroups)
+        rlimits = jail.rlimits(res, state.cgroups, own_uid=state.host_uid != os.geteuid())
         config = json.dumps({"env": env, "rlimits": rlimits}).encode()
         try:  # the agent reads it when the first request arrives, so it must fit the pipe
             os.set_blocking(warm.config_fd, False)
@@ -208,7 +208,7 @@ class JailBoot:
         config = {
             "socket": jail.JAIL_SOCKET,
             "ready_fd": ready_w,
-            "rlimits": jail.rlimits(res, with_cgroup_memory="memory" in cgroups),
+            "rlimits": jail.rlimits(res, cgroups, own_uid=host_uid != os.geteuid()),
             "config_fd": config_fd,
             "exec_shim": jail.JAIL_EXEC_SHIM if exec_shim is not None else None,
         }
@@ -267,9 +267,10 @@ class JailBoot:
                 for fd in (info_w, block_r, ready_w):
                     os.close(fd)
             REAPER.watch(proc)
-        if warm and "cpu" in cgroups:
+        if warm and "cpu" in cgroups and jail.UNIFIED not in cgroups:
             # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
-            # has not cloned the jail yet, and the jail joins this cgroup anyway.
+            # has not cloned the jail yet, and the jail joins this cgroup anyway. (On v2
+            # bwrap would join the jail's one cgroup, and count among its processes.)
             jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
         with self._lock:
             for sid, old in list(self._bwraps.items()):

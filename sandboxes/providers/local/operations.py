@@ -150,9 +150,4 @@ def _connect_patiently(sock: socket.socket, target: str, timeout: float) -> None
 
 
 def _oom_kills(state: jail.JailState) -> int:
-    path = state.cgroups.get("memory")
-    text = jail.read_text(f"{path}/memory.oom_control") if path else None
-    for line in (text or "").splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0
+    return jail.cgroup_oom_kills(state.cgroups)

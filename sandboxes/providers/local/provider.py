@@ -71,13 +71,15 @@ EXEC_SHIM = "exec shim"
 
 
 class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
-    """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroup v1 when available.
+    """Sandboxes as bubblewrap jails under `root_dir`, limited by cgroups (v1 or v2) where
+    the host gives Sandpit them.
 
     `warm_pool` is how many idle jails to keep started for `create` to claim (0: none), and
     `warm_pool_max` how many it may grow to after a burst (pool.py); call `close()` to
     destroy them before dropping a provider that has some. When Sandpit
     runs as root, each jail runs as its own host uid from ``host_uid_base`` on
-    (``host_uid_count`` of them; see identity.py).
+    (``host_uid_count`` of them; see identity.py). `cgroup_version` picks the cgroup
+    hierarchy: "auto", "v1" or "v2" (jail.cgroup_bases).
     """
 
     name = "local"
@@ -96,6 +98,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         warm_pool_max: int = 0,
         launch_apart: bool = True,
         root_in_memory: bool = False,
+        cgroup_version: str = "auto",
     ) -> None:
         self.root_dir = Path(root_dir)
         self.bwrap_path = bwrap_path
@@ -124,7 +127,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._identities.adopt(shared / "uids")
         if self._identities.switching:
             check_passable(self.root_dir)
-        self._cgroup_bases = jail.cgroup_bases(jail.cgroup_scope(self.root_dir))
+        self._cgroup_bases = jail.cgroup_bases(jail.cgroup_scope(self.root_dir), cgroup_version)
         self._net_tools = net.find_tools()
         if self._net_tools is None:
             self.capabilities = frozenset(Capability) - {Capability.NETWORK}
@@ -386,14 +389,13 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         sdir, state = self._state(provider_id)
         now = time.time()
         uptime = max(0.0, now - state.created_at)
-        memory = 0
         cpu_percent = 0.0
         process_count = 0
         cg = state.cgroups
-        if "memory" in cg:
-            memory = int((jail.read_text(f"{cg['memory']}/memory.usage_in_bytes") or "0").strip())
-        if "cpuacct" in cg:
-            usage = int((jail.read_text(f"{cg['cpuacct']}/cpuacct.usage") or "0").strip())
+        memory = jail.cgroup_memory_bytes(cg)
+        cpu_ns = jail.cgroup_cpu_ns(cg)
+        if cpu_ns is not None:
+            usage = max(0, cpu_ns - state.cpu_base_ns)
             mono = time.monotonic()
             prev = self._cpu_samples.get(provider_id)
             self._cpu_samples[provider_id] = (mono, usage)
@@ -401,8 +403,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
                 cpu_percent = (usage - prev[1]) / 1e9 / (mono - prev[0]) * 100
             elif uptime > 0:
                 cpu_percent = usage / 1e9 / uptime * 100
-        if "pids" in cg:  # neither the agent nor slirp4netns counts
-            pids = [p for p in jail.cgroup_pids(cg["pids"]) if p != state.slirp_pid]
+        procs = cg.get("pids") or cg.get(jail.UNIFIED)
+        if procs is not None:  # neither the agent nor slirp4netns counts
+            pids = [p for p in jail.cgroup_pids(procs) if p != state.slirp_pid]
             process_count = max(0, len(pids) - 1)
         rx = tx = 0
         if jail.jail_alive(state):
@@ -452,12 +455,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         if result.returncode != 0:
             detail = result.stderr.decode(errors="replace").strip()[:300]
             return ProviderHealth(False, f"bwrap failed: {detail}", _ms(started))
-        if {"memory", "pids"} <= self._cgroup_bases.keys():
-            limits = "cgroup v1 limits: " + ",".join(sorted(self._cgroup_bases))
-        else:
-            limits = (
-                "cgroups unavailable: per-process rlimits only (RLIMIT_AS, no process-count limit)"
-            )
+        limits = cgroup_limits_detail(self._cgroup_bases)
         disk = (
             "workspace quota: tmpfs of disk_mb"
             if self._disk_quota
@@ -571,3 +569,23 @@ class LocalWarmReservation:
         warm, self._warm = self._warm, None
         if warm is not None:
             self._give_back(warm)
+
+
+def cgroup_limits_detail(bases: dict[str, str]) -> str:
+    """What health says of the limits a jail gets: its cgroup version and controllers, and
+    the rlimits that stand in for missing ones."""
+    if not bases:
+        return (
+            "cgroups unavailable: per-process rlimits only (RLIMIT_AS; RLIMIT_NPROC for a "
+            "jail with its own host uid)"
+        )
+    version = "v2" if jail.UNIFIED in bases else "v1"
+    controllers = ",".join(sorted(set(bases) - {jail.UNIFIED}))
+    missing = [ctrl for ctrl in ("memory", "pids") if ctrl not in bases]
+    if not missing:
+        return f"cgroup {version} limits: {controllers}"
+    stand_ins = {"memory": "RLIMIT_AS", "pids": "RLIMIT_NPROC"}
+    return (
+        f"cgroup {version} limits: {controllers}; no {' or '.join(missing)} controller for "
+        f"Sandpit's cgroup, so per-process {', '.join(stand_ins[m] for m in missing)} instead"
+    )

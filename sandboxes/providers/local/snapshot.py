@@ -1,8 +1,9 @@
 """Pause, resume and snapshots of local jails (mixed into LocalProvider).
 
-* Pause: every jail sits in a cgroup v1 freezer cgroup of its own from its first
-  instruction (jail.py creates it with the others), so writing FROZEN there stops every
-  process of the sandbox at once, forks in flight included; memory stays as it is.
+* Pause: every jail sits in a freezer cgroup of its own from its first instruction
+  (jail.py creates it with the others; on cgroup v2 it is the jail's one cgroup, frozen
+  through cgroup.freeze), so writing FROZEN there stops every process of the sandbox at
+  once, forks in flight included; memory stays as it is.
   Destroying a paused jail thaws it after the SIGKILLs (a frozen task cannot die).
 * Snapshot: a tar of the jail's /workspace and /tmp (everything it can write besides the
   agent's socket directory), made by GNU tar in a throwaway bubblewrap jail that runs as
@@ -58,8 +59,26 @@ _VIEW = "/snapshot"
 
 
 def freezer_state(path: str) -> str:
-    """FROZEN, FREEZING or THAWED ('' when the cgroup is gone)."""
-    return (jail.read_text(f"{path}/freezer.state") or "").strip()
+    """FROZEN, FREEZING or THAWED ('' when the cgroup is gone), on v1 or v2."""
+    if os.path.exists(f"{path}/freezer.state"):
+        return (jail.read_text(f"{path}/freezer.state") or "").strip()
+    asked = (jail.read_text(f"{path}/cgroup.freeze") or "").strip()
+    if not asked:
+        return ""
+    frozen = "frozen 1" in (jail.read_text(f"{path}/cgroup.events") or "").splitlines()
+    if asked == "1":
+        return FROZEN if frozen else "FREEZING"
+    return "FREEZING" if frozen else THAWED  # thawing: not running yet
+
+
+def _freezer_write(path: str, target: str) -> None:
+    """Ask the kernel for `target` (FROZEN or THAWED): v1's freezer.state, v2's cgroup.freeze."""
+    if os.path.exists(f"{path}/freezer.state"):
+        name, value = "freezer.state", target
+    else:
+        name, value = "cgroup.freeze", "1" if target == FROZEN else "0"
+    with open(f"{path}/{name}", "w") as f:
+        f.write(value)
 
 
 def freezer_set(path: str, target: str) -> None:
@@ -69,8 +88,7 @@ def freezer_set(path: str, target: str) -> None:
     delay = 0.0005
     while True:
         try:
-            with open(f"{path}/freezer.state", "w") as f:
-                f.write(target)
+            _freezer_write(path, target)
         except OSError as exc:
             raise ProviderError(f"Cannot write the sandbox's freezer: {exc.strerror}") from None
         if freezer_state(path) == target:
@@ -93,8 +111,7 @@ def cgroups_thaw(cgroups: dict[str, str]) -> None:
     path = cgroups.get("freezer")
     if path is not None and os.path.isdir(path):
         try:
-            with open(f"{path}/freezer.state", "w") as f:
-                f.write(THAWED)
+            _freezer_write(path, THAWED)
         except OSError:
             pass
 
@@ -235,7 +252,7 @@ class LocalSnapshots:
         if path is None:
             raise CapabilityNotSupported(
                 "This sandbox has no freezer cgroup (it started before pause existed, or the "
-                "host has no cgroup v1 freezer): it cannot be paused."
+                "host has no freezer cgroup for Sandpit): it cannot be paused."
             )
         return sdir, state, path
 
