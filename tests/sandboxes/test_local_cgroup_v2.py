@@ -178,8 +178,8 @@ def test_pause_freezes_every_process_and_resume_thaws_them(v2_provider, make_v2_
     assert _sh(v2_provider, sandbox, "echo awake").stdout == b"awake\n"
 
 
-def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider):  # type: ignore[no-untyped-def]
-    sandbox = v2_provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider, make_v2_sandbox):  # type: ignore[no-untyped-def]
+    sandbox = make_v2_sandbox()
     _sh(
         v2_provider,
         sandbox,
@@ -193,7 +193,7 @@ def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider): 
     pids = jail.cgroup_pids(path)
     assert len(pids) >= 7  # the agent, three shells, three sleeps
     v2_provider.pause(sandbox)  # a frozen cgroup too
-    assert v2_provider.destroy(sandbox)
+    assert v2_provider.destroy(sandbox)  # the fixture's destroy then finds it gone
     assert not os.path.exists(path)
     for pid in pids:
         status = Path(f"/proc/{pid}/status")
@@ -237,6 +237,10 @@ def test_a_claimed_warm_jail_counts_cpu_from_its_claim() -> None:
         provider.warm_pool_start()
         assert provider._pool is not None and provider._pool.wait_full(60)
         sandbox = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex)).provider_id
+    except BaseException:
+        provider.close()
+        raise
+    try:
         state = _state(provider, sandbox)
         assert f"/{PREFIX}" in state.cgroups[jail.UNIFIED]  # a claimed warm jail
         # Its start-up's CPU (the agent's interpreter) is not the sandbox's.
@@ -247,8 +251,8 @@ def test_a_claimed_warm_jail_counts_cpu_from_its_claim() -> None:
         uptime = max(1e-6, time.time() - state.created_at)
         unbased = used / 1e9 / uptime * 100
         assert stats.cpu_percent < unbased
-        provider.destroy(sandbox)
     finally:
+        provider.destroy(sandbox)
         provider.close()
 
 
