@@ -431,6 +431,9 @@ SANDPIT_PORT = env_int("SANDPIT_PORT", 8000)
 # per core with Redis (1 in the embedded mode, or while a cloud provider is enabled), 0 = one
 # per core, N. More than 1 needs Redis (the in-memory channel layer is per process).
 SANDPIT_WEB_PROCESSES = env_str("SANDPIT_WEB_PROCESSES", "auto")
+# On stopping (SIGTERM, SIGINT), how long a web process lets the HTTP requests it is serving
+# finish, no longer listening, before it cancels them (below Docker's default 10 s stop timeout).
+SANDPIT_WEB_STOP_GRACE_S = env_int("SANDPIT_WEB_STOP_GRACE_S", 8)
 # Idle request threads kept per web process for reuse (playground/webthreads.py); not a cap
 # on concurrent requests. 0: a new thread per request, as Django does.
 SANDPIT_WEB_THREADS = env_int("SANDPIT_WEB_THREADS", 64)

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 try:
@@ -38,12 +39,14 @@ if __name__ == "__main__" and uvloop is not None:
 from daphne.cli import CommandLineInterface  # noqa: E402 - after the loop policy
 from daphne.http_protocol import HTTPFactory, WebRequest  # noqa: E402
 from daphne.server import Server  # noqa: E402
+from daphne.ws_protocol import WebSocketProtocol  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
+from twisted.internet import defer  # noqa: E402
 
 from common.errors import error_body  # noqa: E402
 from playground.webprocs import planned_processes, serve
-from playground.webthreads import skip_request_started
+from playground.webthreads import request_calls_in_progress, skip_request_started
 
 logger = logging.getLogger("playground.webserver")
 
@@ -179,12 +182,66 @@ class BodyLimitedHTTPFactory(HTTPFactory):
 
 
 class SandpitServer(Server):
-    """daphne's Server with the body-limited HTTP factory.
+    """daphne's Server with the body-limited HTTP factory, and a stop that lets the requests
+    in flight finish.
 
     daphne builds its HTTP factory inside ``run()`` and offers no option for it, so the
     attribute is a property that builds ours instead. tests/realtime's upload tests fail
     if a daphne upgrade stops going through it.
+
+    Stopping: daphne cancels every application at once (``kill_all_applications``, run
+    before the reactor shuts down), but a cancelled request's view keeps running on its
+    thread, with no event loop left for what it hands to one: a destroy's broadcast of its
+    new state (``async_to_sync``) then waited forever, the process never exited, and the
+    client got no answer. Now the server first stops listening and lets the HTTP requests in
+    flight finish, up to ``SANDPIT_WEB_STOP_GRACE_S``. Views still running after that (the
+    grace ran out) are cancelled as before, and once the reactor has stopped, its loop runs
+    on until they have finished, so what they hand it completes.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ready_callable"] = kwargs.get("ready_callable") or server_ready
+        super().__init__(*args, **kwargs)
+        self._ports: list[Any] = []
+
+    def listen_success(self, port: Any) -> None:
+        self._ports.append(port)
+        super().listen_success(port)
+
+    def kill_all_applications(self) -> defer.Deferred[Any]:
+        for port in self._ports:
+            port.stopListening()
+        deadline = time.monotonic() + settings.SANDPIT_WEB_STOP_GRACE_S
+        drained: defer.Deferred[None] = defer.Deferred()
+
+        def check() -> None:
+            if not self.http_requests_in_flight() or time.monotonic() >= deadline:
+                drained.callback(None)
+            else:
+                asyncio.get_event_loop().call_later(0.02, check)
+
+        check()
+        return drained.addCallback(lambda _: super(SandpitServer, self).kill_all_applications())
+
+    def http_requests_in_flight(self) -> int:
+        """HTTP requests whose application has not returned (WebSockets stay open for good:
+        daphne closes them after the grace)."""
+        return sum(
+            1
+            for protocol, details in list(self.connections.items())
+            if not isinstance(protocol, WebSocketProtocol)
+            and details.get("application_instance") is not None
+            and not details["application_instance"].done()
+        )
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            loop = asyncio.get_event_loop()
+            if not loop.is_running() and not loop.is_closed():
+                loop.run_until_complete(request_calls_finished())
+                loop.close()
 
     @property
     def http_factory(self) -> HTTPFactory:
@@ -194,9 +251,13 @@ class SandpitServer(Server):
     def http_factory(self, _daphne_factory: HTTPFactory) -> None:
         self._body_limited_factory = BodyLimitedHTTPFactory(self)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["ready_callable"] = kwargs.get("ready_callable") or server_ready
-        super().__init__(*args, **kwargs)
+
+async def request_calls_finished() -> None:
+    """Run the stopped server's loop until no request thread has work: a view cancelled at
+    the stop may still be running, and hand the loop a call (a broadcast) that would
+    otherwise never run, leaving its thread, and the process's exit, waiting for good."""
+    while request_calls_in_progress():  # noqa: ASYNC110 - other threads change it
+        await asyncio.sleep(0.02)
 
 
 class SandpitCommandLineInterface(CommandLineInterface):

@@ -58,6 +58,22 @@ from django.db import close_old_connections, connections, reset_queries
 from django.http import HttpResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
+_busy_lock = threading.Lock()
+_busy_calls = 0
+
+
+def request_calls_in_progress() -> int:
+    """Calls queued or running on request threads, in this process (the web server waits
+    for them when it stops: see playground/webserver.py)."""
+    with _busy_lock:
+        return _busy_calls
+
+
+def _count_call(delta: int) -> None:
+    global _busy_calls  # noqa: PLW0603 - one count for the process
+    with _busy_lock:
+        _busy_calls += delta
+
 
 class RequestThread(ThreadPoolExecutor):
     """One worker thread; knows whether a call is still queued or running on it."""
@@ -86,6 +102,7 @@ class RequestThread(ThreadPoolExecutor):
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         with self._lock:
             self._pending += 1
+        _count_call(1)
         self.finished = False
         if self.closed_early is not None:
             self.ran_after_close = True
@@ -100,6 +117,7 @@ class RequestThread(ThreadPoolExecutor):
     def _done(self, _future: object) -> None:
         with self._lock:
             self._pending -= 1
+        _count_call(-1)
 
     def idle(self) -> bool:
         with self._lock:
