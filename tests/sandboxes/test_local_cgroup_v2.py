@@ -363,3 +363,18 @@ def test_limits_on_a_host_that_delegates_memory_pids_and_cpu(v2_provider, make_v
     )
     assert result.exit_code != 0
     assert jail.cgroup_oom_kills(_state(v2_provider, sandbox).cgroups) >= 1
+
+
+def test_the_setting_picks_the_hierarchy_of_the_product_s_provider(settings) -> None:  # type: ignore[no-untyped-def]
+    from sandboxes.providers import _build_local
+
+    _unified_root()
+    settings.SANDPIT_LOCAL_ROOT = jail_root("cgroup-setting")
+    settings.SANDPIT_LOCAL_WARM_POOL = 0
+    settings.SANDPIT_LOCAL_CGROUPS = "v2"
+    provider = _build_local()
+    try:
+        assert jail.UNIFIED in provider._cgroup_bases  # type: ignore[attr-defined]
+        assert "cgroup v2 limits" in provider.health().detail
+    finally:
+        provider.close()  # type: ignore[attr-defined]
