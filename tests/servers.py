@@ -75,3 +75,18 @@ def server_start(
         stdout=out,
         stderr=subprocess.STDOUT,
     )
+
+
+def live_server_env(redis_url: str, installation: str) -> dict[str, str]:
+    """The environment of a server sharing this test's PostgreSQL database and Redis, as
+    installation `installation` (whose meter keys are its own)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "REDIS_URL": redis_url,
+        "SANDPIT_INSTALLATION": installation,
+    }

@@ -25,7 +25,7 @@ from billing.models import UsageDaily, UsageEvent
 from sandboxes.models import Sandbox
 from sandboxes.services import CAPPED_STATES
 from tests.requirements import missing_part
-from tests.servers import free_port, server_start
+from tests.servers import free_port, live_server_env, server_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,15 +44,10 @@ def served(transactional_db, settings, tmp_path) -> Iterator[tuple[str, Path]]: 
     URL), and the root of its local sandboxes, with the default warm pool of 8 jails."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         missing_part("needs PostgreSQL and REDIS_URL")
-    db = connection.settings_dict
     port = free_port()
     local_root = tempfile.mkdtemp(prefix="sp-", dir="/tmp")
     env = dict(
-        os.environ,
-        DJANGO_SETTINGS_MODULE="playground.settings",
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        REDIS_URL=settings.REDIS_URL,
-        SANDPIT_INSTALLATION=settings.SANDPIT_INSTALLATION,
+        live_server_env(settings.REDIS_URL, settings.SANDPIT_INSTALLATION),
         SANDPIT_API_RATE="1000000/min",
         # Short on purpose: the host reaches a sandbox's agent through a Unix socket under this
         # root, and AF_UNIX paths are limited to 107 bytes (pytest's tmp_path is too long).

@@ -32,7 +32,7 @@ from billing.selectors import usage_summary
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers.local import LocalProvider
 from tests.requirements import missing_part
-from tests.servers import free_port, server_start
+from tests.servers import free_port, live_server_env, server_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +53,6 @@ def launch(transactional_db, settings, tmp_path) -> Iterator[Launch]:  # type: i
     """Start the product's web server on this test's database."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         missing_part("needs PostgreSQL and REDIS_URL")
-    db = connection.settings_dict
     # An installation of its own: its meter's Redis keys are this test's alone (the org's
     # id comes back in later runs' databases), and are deleted afterwards.
     settings.SANDPIT_INSTALLATION = f"test-stop-{uuid.uuid4().hex[:12]}"
@@ -67,11 +66,7 @@ def launch(transactional_db, settings, tmp_path) -> Iterator[Launch]:  # type: i
     def start(**extra_env: str) -> Served:
         port = free_port()
         env = dict(
-            os.environ,
-            DJANGO_SETTINGS_MODULE="playground.settings",
-            DATABASE_URL=f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-            REDIS_URL=settings.REDIS_URL,
-            SANDPIT_INSTALLATION=settings.SANDPIT_INSTALLATION,
+            live_server_env(settings.REDIS_URL, settings.SANDPIT_INSTALLATION),
             SANDPIT_PROVIDERS="local",
             SANDPIT_DEFAULT_PROVIDER="local",
             SANDPIT_WEB_PROCESSES="1",

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,6 +74,16 @@ def _state(provider: LocalProvider, sandbox: str) -> jail.JailState:
 
 def _sh(provider: LocalProvider, sandbox: str, command: str, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     return provider.exec(sandbox, ExecRequest(command=command, timeout_s=timeout_s))
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether `condition` came true within `timeout_s` (checked every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _commands(cgroup: str) -> set[str]:
@@ -140,10 +150,7 @@ def test_jail_and_everything_it_starts_sit_in_its_own_v2_cgroup(v2_provider, mak
     assert set(state.cgroups.values()) == {path}
     assert {"cpuacct", "freezer"} <= state.cgroups.keys()
     _sh(v2_provider, sandbox, "setsid sleep 300 > /dev/null 2>&1 < /dev/null &")
-    deadline = time.monotonic() + 10
-    while "sleep" not in _commands(path) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert "sleep" in _commands(path)
+    assert _wait_until(lambda: "sleep" in _commands(path))
     procs = jail.cgroup_pids(path)
     assert state.jail_pid in procs
     # Only the jail's own: neither the server nor bwrap's outer process.
@@ -160,9 +167,7 @@ def test_pause_freezes_every_process_and_resume_thaws_them(v2_provider, make_v2_
     )
     state = _state(v2_provider, sandbox)
     tick = v2_provider.root_dir / sandbox / "workspace" / "tick"
-    deadline = time.monotonic() + 10
-    while not tick.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert _wait_until(tick.exists)
     v2_provider.pause(sandbox)
     path = state.cgroups["freezer"]
     assert freezer_state(path) == FROZEN
@@ -171,10 +176,7 @@ def test_pause_freezes_every_process_and_resume_thaws_them(v2_provider, make_v2_
     time.sleep(0.3)
     assert tick.read_bytes() == frozen_at
     v2_provider.resume(sandbox)
-    deadline = time.monotonic() + 10
-    while tick.read_bytes() == frozen_at and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert tick.read_bytes() != frozen_at
+    assert _wait_until(lambda: tick.read_bytes() != frozen_at)
     assert _sh(v2_provider, sandbox, "echo awake").stdout == b"awake\n"
 
 
@@ -187,11 +189,9 @@ def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider, m
         "> /dev/null 2>&1 < /dev/null & done",
     )
     path = _state(v2_provider, sandbox).cgroups[jail.UNIFIED]
-    deadline = time.monotonic() + 10
-    while len(jail.cgroup_pids(path)) < 7 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # the agent, three shells, three sleeps
+    assert _wait_until(lambda: len(jail.cgroup_pids(path)) >= 7)
     pids = jail.cgroup_pids(path)
-    assert len(pids) >= 7  # the agent, three shells, three sleeps
     v2_provider.pause(sandbox)  # a frozen cgroup too
     assert v2_provider.destroy(sandbox)  # the fixture's destroy then finds it gone
     assert not os.path.exists(path)
