@@ -57,19 +57,41 @@ def max_request_bytes() -> int:
     return int(settings.SANDPIT_MAX_REQUEST_BYTES)
 
 
-def payload_too_large_response(limit: int) -> bytes:
-    """A complete HTTP/1.1 413 response in the API's one error shape; the connection
-    closes after it, since the rest of the body is never read."""
-    body = json.dumps(
-        error_body("payload_too_large", f"Request bodies are limited to {limit} bytes.")
-    ).encode()
-    head = (
-        "HTTP/1.1 413 Payload Too Large\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
+def closing_error_response(status: str, code: str, message: str, *headers: str) -> bytes:
+    """A complete HTTP/1.1 error response in the API's one error shape, for an answer the
+    server gives before the application sees the request; the connection closes after it."""
+    body = json.dumps(error_body(code, message)).encode()
+    head = "".join(
+        f"{line}\r\n"
+        for line in (
+            f"HTTP/1.1 {status}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            *headers,
+            "Connection: close",
+        )
     )
-    return head.encode() + body
+    return f"{head}\r\n".encode() + body
+
+
+def payload_too_large_response(limit: int) -> bytes:
+    """413, the rest of the body never read."""
+    return closing_error_response(
+        "413 Payload Too Large",
+        "payload_too_large",
+        f"Request bodies are limited to {limit} bytes.",
+    )
+
+
+def server_stopping_response() -> bytes:
+    """503 for a request arriving while the server stops: the client's next try opens a new
+    connection (to another process, or once the server is back)."""
+    return closing_error_response(
+        "503 Service Unavailable",
+        "server_stopping",
+        "This server is stopping; send the request again.",
+        "Retry-After: 1",
+    )
 
 
 class BodyLimitedWebRequest(WebRequest):
@@ -117,6 +139,15 @@ class BodyLimitedWebRequest(WebRequest):
 
     def process(self) -> Any:
         if self.refused:
+            return None
+        if getattr(self.server, "stopping", False):
+            # Not started once the server stops: a keep-alive client would otherwise keep
+            # handing it work through the grace, and work cancelled at its end (a create
+            # whose answer never came) is worse than a request to send again.
+            transport = self.channel.transport
+            if transport is not None:
+                transport.write(server_stopping_response())
+            self.channel.loseConnection()
             return None
         if self.requestHeaders.hasHeader(b"transfer-encoding"):
             # The body is complete and counted: present it with its length, as a buffering
@@ -189,7 +220,9 @@ class SandpitServer(Server):
     attribute is a property that builds ours instead. tests/realtime's upload tests fail
     if a daphne upgrade stops going through it.
 
-    Stopping: daphne cancels every application at once (``kill_all_applications``, run
+    Stopping: requests arriving once the server stops (on connections already open) are
+    answered 503 ``server_stopping`` and their connection closed. daphne cancels every
+    application at once (``kill_all_applications``, run
     before the reactor shuts down), but a cancelled request's view keeps running on its
     thread, with no event loop left for what it hands to one: a destroy's broadcast of its
     new state (``async_to_sync``) then waited forever, the process never exited, and the
@@ -203,12 +236,15 @@ class SandpitServer(Server):
         kwargs["ready_callable"] = kwargs.get("ready_callable") or server_ready
         super().__init__(*args, **kwargs)
         self._ports: list[Any] = []
+        self.stopping = False
+        """Set once the server stops: requests arriving after it are answered 503."""
 
     def listen_success(self, port: Any) -> None:
         self._ports.append(port)
         super().listen_success(port)
 
     def kill_all_applications(self) -> defer.Deferred[Any]:
+        self.stopping = True
         for port in self._ports:
             port.stopListening()
         deadline = time.monotonic() + settings.SANDPIT_WEB_STOP_GRACE_S

@@ -9,6 +9,8 @@ state through an event loop that no longer ran, and the client got no answer.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -127,7 +129,7 @@ def _listening(url: str) -> bool:
     return True
 
 
-def test_a_command_in_flight_finishes_and_is_answered(launch, org_a, key_a) -> None:  # type: ignore[no-untyped-def]
+def test_a_command_in_flight_finishes_and_new_work_is_refused(launch, org_a, key_a) -> None:  # type: ignore[no-untyped-def]
     served = launch()
     base, proc = served.url, served.proc
     headers = {"Authorization": f"Bearer {key_a}"}
@@ -149,6 +151,10 @@ def test_a_command_in_flight_finishes_and_is_answered(launch, org_a, key_a) -> N
         except BaseException as exc:  # noqa: BLE001 - reported below
             answers.append(exc)
 
+    # A keep-alive connection opened before the stop.
+    kept = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
+    kept.request("GET", "/health/live")
+    assert kept.getresponse().read()
     running = threading.Thread(target=command)
     running.start()
     time.sleep(0.5)  # the command runs in the sandbox now
@@ -156,14 +162,28 @@ def test_a_command_in_flight_finishes_and_is_answered(launch, org_a, key_a) -> N
     time.sleep(0.3)
     assert not _listening(base), "a stopping server must not take new connections"
     assert proc.poll() is None, "it waits for the request it is serving"
+    # New work on an open connection is refused, in the API's error shape, not started.
+    kept.request(
+        "POST",
+        "/api/v1/sandboxes",
+        body=b"{}",
+        headers={**headers, "Content-Type": "application/json"},
+    )
+    refused = kept.getresponse()
+    assert refused.status == 503
+    assert refused.getheader("Retry-After") == "1"
+    assert refused.getheader("Connection") == "close"
+    assert json.loads(refused.read())["error"]["code"] == "server_stopping"
+    kept.close()
     running.join(30)
     assert _exits(proc, 20) == 0
     (answer,) = answers
     assert isinstance(answer, httpx.Response), answer
     assert answer.status_code == 200, answer.text
     assert answer.json()["stdout"] == "finished\n"
-    # The create and the command, each counted once.
+    # The create and the command, each counted once; the refused create began nothing.
     assert usage_summary(organization=org_a).executions == 2
+    assert Sandbox.objects.filter(organization=org_a).count() == 1
 
 
 def test_destroys_cut_off_by_the_stop_still_finish_and_it_exits(launch, org_a, key_a) -> None:  # type: ignore[no-untyped-def]
