@@ -316,7 +316,7 @@ SANDPIT_LOCAL_ROOT = Path(env_str("SANDPIT_LOCAL_ROOT", str(VAR_DIR / "sandboxes
 # are made and removed in memory, not journaled on the disk (volume.root_in_memory).
 SANDPIT_LOCAL_ROOT_IN_MEMORY = env_bool("SANDPIT_LOCAL_ROOT_IN_MEMORY", True)
 # Which cgroup hierarchy limits local jails: auto (v1 where it has memory and pids, else
-# v2), v1 or v2 (sandboxes/providers/local/jail.py, cgroup_bases).
+# v2), v1 or v2 (sandboxes/providers/local/jail_cgroups.py, cgroup_bases).
 SANDPIT_LOCAL_CGROUPS = env_str("SANDPIT_LOCAL_CGROUPS", "auto")
 if SANDPIT_LOCAL_CGROUPS not in ("auto", "v1", "v2"):
     raise ImproperlyConfigured(

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from accounts import attempts
 from accounts.models import Membership, Organization, Role, User
 from accounts.services import api_key_create
-from sandboxes.providers.local import jail
+from sandboxes.providers.local import jail_cgroups
 from tests.requirements import JAIL_ROOTS_MADE
 
 
@@ -51,12 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the cgroup parents of the jail roots this session made, where no jail is
     left in them (each root has its own, see sandboxes/providers/local/jail.py)."""
-    unified = jail.unified_cgroup()
+    unified = jail_cgroups.unified_cgroup()
     for root in JAIL_ROOTS_MADE:
-        scope = jail.cgroup_scope(root)
-        jail.cgroup_scope_remove(jail.cgroup_bases(scope))
+        scope = jail_cgroups.cgroup_scope(root)
+        jail_cgroups.cgroup_scope_remove(jail_cgroups.cgroup_bases(scope))
         if unified is not None:  # a provider forced to v2 (test_local_cgroup_v2.py)
-            jail.cgroup_scope_remove({jail.UNIFIED: f"{unified}/sandpit/{scope}"})
+            jail_cgroups.cgroup_scope_remove({jail_cgroups.UNIFIED: f"{unified}/sandpit/{scope}"})
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ Real bubblewrap and the real unified hierarchy, no mocks. This project's machine
 limiting controller on v1 and the unified hierarchy beside them (at /sys/fs/cgroup/unified,
 with no controller of its own but hugetlb), so here a provider forced to v2 gets what every v2
 cgroup has (its processes, cgroup.freeze, cgroup.kill, cpu.stat) and the rlimits that stand in
-for a missing memory or pids controller; the limits themselves are tested where a host
-delegates those controllers (the last test; skipped elsewhere, saying so).
+for a missing memory or pids controller. The limits' own files (memory.max, pids.max,
+cpu.max) are not written on this machine; no test here pretends they are.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.providers.base import ExecRequest, Resources, SandboxSpec
-from sandboxes.providers.local import LocalProvider, jail
+from sandboxes.providers.local import LocalProvider, jail, jail_cgroups
 from sandboxes.providers.local.pool import PREFIX
 from sandboxes.providers.local.snapshot import FROZEN, freezer_state
 from tests.requirements import jail_root, missing_part
@@ -36,11 +36,11 @@ FORK_BOMB = (
 
 
 def _unified_root() -> str:
-    top = jail.unified_cgroup()
+    top = jail_cgroups.unified_cgroup()
     if top is None:
         missing_part("a cgroup2 mount (the unified hierarchy)")
     if os.geteuid() != 0:
-        pytest.skip("making cgroups needs root here")
+        missing_part("root, to make cgroups")
     return top
 
 
@@ -88,7 +88,7 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 
 def _commands(cgroup: str) -> set[str]:
     names = set()
-    for pid in jail.cgroup_pids(cgroup):
+    for pid in jail_cgroups.cgroup_pids(cgroup):
         try:
             names.add(Path(f"/proc/{pid}/comm").read_text().strip())
         except OSError:
@@ -96,20 +96,25 @@ def _commands(cgroup: str) -> set[str]:
     return names
 
 
+def _detach(provider: LocalProvider, sandbox: str, command: str) -> None:
+    """Start `command` in the sandbox in a session of its own, outliving the API's command."""
+    _sh(provider, sandbox, f"setsid {command} > /dev/null 2>&1 < /dev/null &")
+
+
 def test_auto_takes_v1_only_where_it_has_memory_and_pids(tmp_path: Path) -> None:
     scope = f"test-auto-{uuid.uuid4().hex[:8]}"
-    v1 = jail.cgroup_bases(scope, "v1")
-    auto = jail.cgroup_bases(scope, "auto")
+    v1 = jail_cgroups.cgroup_bases(scope, "v1")
+    auto = jail_cgroups.cgroup_bases(scope, "auto")
     try:
         if {"memory", "pids"} <= v1.keys():
             assert auto == v1
         else:
-            assert jail.UNIFIED in auto or not jail.unified_cgroup()
+            assert jail_cgroups.UNIFIED in auto or not jail_cgroups.unified_cgroup()
     finally:
-        jail.cgroup_scope_remove(auto)
-        jail.cgroup_scope_remove(v1)
+        jail_cgroups.cgroup_scope_remove(auto)
+        jail_cgroups.cgroup_scope_remove(v1)
     with pytest.raises(ValueError, match="auto, v1, v2"):
-        jail.cgroup_bases(scope, "v3")
+        jail_cgroups.cgroup_bases(scope, "v3")
 
 
 def test_an_unknown_cgroup_setting_stops_the_server_at_start() -> None:
@@ -145,13 +150,13 @@ def test_jail_and_everything_it_starts_sit_in_its_own_v2_cgroup(v2_provider, mak
     top = _unified_root()
     sandbox = make_v2_sandbox()
     state = _state(v2_provider, sandbox)
-    path = state.cgroups[jail.UNIFIED]
-    assert path == f"{top}/sandpit/{jail.cgroup_scope(v2_provider.root_dir)}/{sandbox}"
+    path = state.cgroups[jail_cgroups.UNIFIED]
+    assert path == f"{top}/sandpit/{jail_cgroups.cgroup_scope(v2_provider.root_dir)}/{sandbox}"
     assert set(state.cgroups.values()) == {path}
     assert {"cpuacct", "freezer"} <= state.cgroups.keys()
-    _sh(v2_provider, sandbox, "setsid sleep 300 > /dev/null 2>&1 < /dev/null &")
+    _detach(v2_provider, sandbox, "sleep 300")
     assert _wait_until(lambda: "sleep" in _commands(path))
-    procs = jail.cgroup_pids(path)
+    procs = jail_cgroups.cgroup_pids(path)
     assert state.jail_pid in procs
     # Only the jail's own: neither the server nor bwrap's outer process.
     assert os.getpid() not in procs and state.bwrap_pid not in procs
@@ -159,11 +164,8 @@ def test_jail_and_everything_it_starts_sit_in_its_own_v2_cgroup(v2_provider, mak
 
 def test_pause_freezes_every_process_and_resume_thaws_them(v2_provider, make_v2_sandbox):  # type: ignore[no-untyped-def]
     sandbox = make_v2_sandbox()
-    _sh(
-        v2_provider,
-        sandbox,
-        "setsid sh -c 'while :; do date +%s%N > /workspace/tick; sleep 0.02; done' "
-        "> /dev/null 2>&1 < /dev/null &",
+    _detach(
+        v2_provider, sandbox, "sh -c 'while :; do date +%s%N > /workspace/tick; sleep 0.02; done'"
     )
     state = _state(v2_provider, sandbox)
     tick = v2_provider.root_dir / sandbox / "workspace" / "tick"
@@ -182,16 +184,12 @@ def test_pause_freezes_every_process_and_resume_thaws_them(v2_provider, make_v2_
 
 def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider, make_v2_sandbox):  # type: ignore[no-untyped-def]
     sandbox = make_v2_sandbox()
-    _sh(
-        v2_provider,
-        sandbox,
-        "for i in 1 2 3; do setsid sh -c 'trap \"\" TERM HUP; sleep 300' "
-        "> /dev/null 2>&1 < /dev/null & done",
-    )
-    path = _state(v2_provider, sandbox).cgroups[jail.UNIFIED]
+    for _ in range(3):
+        _detach(v2_provider, sandbox, "sh -c 'trap \"\" TERM HUP; sleep 300'")
+    path = _state(v2_provider, sandbox).cgroups[jail_cgroups.UNIFIED]
     # the agent, three shells, three sleeps
-    assert _wait_until(lambda: len(jail.cgroup_pids(path)) >= 7)
-    pids = jail.cgroup_pids(path)
+    assert _wait_until(lambda: len(jail_cgroups.cgroup_pids(path)) >= 7)
+    pids = jail_cgroups.cgroup_pids(path)
     v2_provider.pause(sandbox)  # a frozen cgroup too
     assert v2_provider.destroy(sandbox)  # the fixture's destroy then finds it gone
     assert not os.path.exists(path)
@@ -200,14 +198,12 @@ def test_destroy_kills_every_process_of_the_cgroup_and_removes_it(v2_provider, m
         assert not status.exists() or "State:\tZ" in status.read_text()
 
 
-def test_without_a_pids_controller_rlimit_nproc_contains_a_fork_bomb(  # type: ignore[no-untyped-def]
-    v2_provider, make_v2_sandbox
-):
-    if "pids" in v2_provider._cgroup_bases:
-        pytest.skip("this host delegates pids on v2: pids.max holds the bomb (last test)")
+def test_a_fork_bomb_stops_at_the_sandboxs_pids_limit(v2_provider, make_v2_sandbox):  # type: ignore[no-untyped-def]
+    """By pids.max where the host delegates the pids controller, else (here) by
+    RLIMIT_NPROC, the stand-in."""
     victim = make_v2_sandbox(resources=Resources(pids=64))
     bystander = make_v2_sandbox()
-    path = _state(v2_provider, victim).cgroups[jail.UNIFIED]
+    path = _state(v2_provider, victim).cgroups[jail_cgroups.UNIFIED]
     most = 0
     results: list[object] = []
     bomb = threading.Thread(
@@ -242,10 +238,10 @@ def test_a_claimed_warm_jail_counts_cpu_from_its_claim() -> None:
         raise
     try:
         state = _state(provider, sandbox)
-        assert f"/{PREFIX}" in state.cgroups[jail.UNIFIED]  # a claimed warm jail
+        assert f"/{PREFIX}" in state.cgroups[jail_cgroups.UNIFIED]  # a claimed warm jail
         # Its start-up's CPU (the agent's interpreter) is not the sandbox's.
         assert state.cpu_base_ns > 0
-        used = jail.cgroup_cpu_ns(state.cgroups)
+        used = jail_cgroups.cgroup_cpu_ns(state.cgroups)
         assert used is not None and used >= state.cpu_base_ns
         stats = provider.stats(sandbox)
         uptime = max(1e-6, time.time() - state.created_at)
@@ -271,19 +267,24 @@ def hugetlb_cgroup() -> Iterator[str]:
     controller this machine's unified hierarchy has, enough to make the kernel refuse to
     hand a controller down past a cgroup holding processes."""
     top = _unified_root()
-    root = top if jail._own_cgroups().get(jail.UNIFIED) == "/" else ""
+    root = top if jail_cgroups._own_cgroups().get(jail_cgroups.UNIFIED) == "/" else ""
     if not root or "hugetlb" not in (jail.read_text(f"{root}/cgroup.controllers") or "").split():
-        pytest.skip("needs our process at the unified root with the hugetlb controller there")
-    had = "hugetlb" in jail._subtree(root)
-    assert had or jail._subtree_enable(root, "hugetlb") == 0
+        missing_part("our process at the unified root, with the hugetlb controller there")
+    had = "hugetlb" in jail_cgroups._subtree(root)
+    assert had or jail_cgroups._subtree_enable(root, "hugetlb") == 0
     path = f"{root}/sandpit-test-{uuid.uuid4().hex[:8]}"
     os.mkdir(path)
     try:
         yield path
     finally:
-        for leaf in (f"{path}/sandpit/scope", f"{path}/sandpit", f"{path}/{jail.HOST_LEAF}", path):
+        for leaf in (
+            f"{path}/sandpit/scope",
+            f"{path}/sandpit",
+            f"{path}/{jail_cgroups.HOST_LEAF}",
+            path,
+        ):
             if os.path.isdir(leaf):
-                jail._write(f"{leaf}/cgroup.kill", 1)
+                jail_cgroups._write(f"{leaf}/cgroup.kill", 1)
                 for _ in range(200):
                     try:
                         os.rmdir(leaf)
@@ -297,7 +298,7 @@ def hugetlb_cgroup() -> Iterator[str]:
 
 def _sleeper_in(cgroup: str) -> subprocess.Popen[bytes]:
     sleeper = subprocess.Popen(["sleep", "300"])
-    assert jail._write(f"{cgroup}/cgroup.procs", sleeper.pid)
+    assert jail_cgroups._write(f"{cgroup}/cgroup.procs", sleeper.pid)
     return sleeper
 
 
@@ -310,59 +311,40 @@ def test_controllers_pass_a_cgroup_holding_processes_only_where_delegated(
     sleeper = _sleeper_in(hugetlb_cgroup)
     try:
         # Not ours to arrange: nothing moves, and the controller does not pass.
-        assert jail._v2_enable(chain, ("hugetlb",)) == []
-        assert jail.cgroup_pids(hugetlb_cgroup) == [sleeper.pid]
+        assert jail_cgroups._v2_enable(chain, ("hugetlb",)) == []
+        assert jail_cgroups.cgroup_pids(hugetlb_cgroup) == [sleeper.pid]
         # Delegated (as systemd marks it): its processes move into the leaf, keeping every
         # limit above them, and the controller reaches the jails' parent.
         os.setxattr(hugetlb_cgroup, "trusted.delegate", b"1")
-        assert jail._v2_enable(chain, ("hugetlb",)) == ["hugetlb"]
-        assert jail.cgroup_pids(hugetlb_cgroup) == []
-        assert jail.cgroup_pids(f"{hugetlb_cgroup}/{jail.HOST_LEAF}") == [sleeper.pid]
-        assert "hugetlb" in jail._subtree(chain[-1])
+        assert jail_cgroups._v2_enable(chain, ("hugetlb",)) == ["hugetlb"]
+        assert jail_cgroups.cgroup_pids(hugetlb_cgroup) == []
+        assert jail_cgroups.cgroup_pids(f"{hugetlb_cgroup}/{jail_cgroups.HOST_LEAF}") == [
+            sleeper.pid
+        ]
+        assert "hugetlb" in jail_cgroups._subtree(chain[-1])
     finally:
         sleeper.kill()
         sleeper.wait()
 
 
 def test_a_process_moved_into_the_leaf_finds_the_cgroup_it_came_from(hugetlb_cgroup: str) -> None:
-    leaf = f"{hugetlb_cgroup}/{jail.HOST_LEAF}"
+    leaf = f"{hugetlb_cgroup}/{jail_cgroups.HOST_LEAF}"
     os.mkdir(leaf)
     probe = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys; sys.stdin.readline(); "
-            "from sandboxes.providers.local import jail; print(jail.unified_cgroup())",
+            "from sandboxes.providers.local import jail_cgroups; print(jail_cgroups.unified_cgroup())",
         ],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert jail._write(f"{leaf}/cgroup.procs", probe.pid)
+    assert jail_cgroups._write(f"{leaf}/cgroup.procs", probe.pid)
     out, _ = probe.communicate("\n", timeout=60)
     assert out.strip() == hugetlb_cgroup
-
-
-def test_limits_on_a_host_that_delegates_memory_pids_and_cpu(v2_provider, make_v2_sandbox):  # type: ignore[no-untyped-def]
-    if not {"memory", "pids", "cpu"} <= v2_provider._cgroup_bases.keys():
-        pytest.skip(
-            "this host's unified hierarchy gives Sandpit no memory, pids and cpu controllers "
-            "(on this project's machine they are all on v1)"
-        )
-    sandbox = make_v2_sandbox(resources=Resources(memory_mb=96, pids=48, cpu_count=0.5))
-    path = _state(v2_provider, sandbox).cgroups[jail.UNIFIED]
-    assert (jail.read_text(f"{path}/memory.max") or "").strip() == str(96 * jail.MIB)
-    assert (jail.read_text(f"{path}/pids.max") or "").strip() == "48"
-    assert (jail.read_text(f"{path}/cpu.max") or "").strip() == "50000 100000"
-    result = run_code(
-        v2_provider,
-        sandbox,
-        "chunks = []\nwhile True:\n    chunks.append(b'x' * 20_000_000)\n",
-        "python",
-    )
-    assert result.exit_code != 0
-    assert jail.cgroup_oom_kills(_state(v2_provider, sandbox).cgroups) >= 1
 
 
 def test_the_setting_picks_the_hierarchy_of_the_product_s_provider(settings) -> None:  # type: ignore[no-untyped-def]
@@ -374,7 +356,7 @@ def test_the_setting_picks_the_hierarchy_of_the_product_s_provider(settings) -> 
     settings.SANDPIT_LOCAL_CGROUPS = "v2"
     provider = _build_local()
     try:
-        assert jail.UNIFIED in provider._cgroup_bases  # type: ignore[attr-defined]
+        assert jail_cgroups.UNIFIED in provider._cgroup_bases  # type: ignore[attr-defined]
         assert "cgroup v2 limits" in provider.health().detail
     finally:
         provider.close()  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.local import LocalProvider, jail
+from sandboxes.providers.local import LocalProvider, jail, jail_cgroups
 from sandboxes.providers.local import pool as warm_pool
 from sandboxes.providers.local.pool import (
     BURST_HOLD_S,
@@ -233,7 +233,7 @@ def test_a_claim_with_the_pools_resources_writes_no_limit_and_keeps_them(
     """A warm jail already holds the default limits: the claim does not write them again
     (the CPU quota's write alone cost ~0.3 ms of a create), and the sandbox has them."""
     written: list[object] = []
-    write_limits = jail.cgroups_set_limits
+    write_limits = jail_cgroups.cgroups_set_limits
     claiming = threading.current_thread()
 
     def noting(paths: dict[str, str], res: Resources) -> bool:
@@ -241,7 +241,7 @@ def test_a_claim_with_the_pools_resources_writes_no_limit_and_keeps_them(
             written.append(paths)
         return write_limits(paths, res)
 
-    monkeypatch.setattr(jail, "cgroups_set_limits", noting)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", noting)
     sandbox = make_warm(resources=Resources())
     assert written == []
     limits = _limits(_state(warm_provider, sandbox)["cgroups"])
@@ -265,7 +265,7 @@ def test_a_warm_jail_whose_limits_were_not_all_written_gets_them_at_its_claim(
         if "pids" not in state["cgroups"]:
             missing_part("the pids cgroup controller")
         assert state["resources"] == Resources().__dict__
-        assert jail._write(f"{state['cgroups']['pids']}/pids.max", "max")
+        assert jail_cgroups._write(f"{state['cgroups']['pids']}/pids.max", "max")
         state["resources"] = None
         state_file.write_text(json.dumps(state))
     sandbox = make_warm(resources=Resources())
@@ -278,7 +278,7 @@ def test_a_start_whose_limits_could_not_all_be_written_says_so(monkeypatch):
     """What the test above stands in for: a jail started while a limit's write failed
     records no resources, so that its claim would write them all."""
     provider = LocalProvider(root_dir=jail_root("unlimited"))
-    monkeypatch.setattr(jail, "cgroups_set_limits", lambda paths, res: False)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", lambda paths, res: False)
     handle = provider.create(SandboxSpec(sandbox_id=uuid.uuid4().hex))
     try:
         assert _state(provider, handle.provider_id)["resources"] is None
@@ -396,13 +396,13 @@ def test_concurrent_creates_never_share_a_jail(warm_provider):
 def test_a_failed_claim_falls_back_to_a_cold_start(warm_provider, monkeypatch):
     assert warm_provider._pool.wait_full(30)
     before = _pool_dirs(warm_provider.root_dir)
-    set_limits = jail.cgroups_set_limits
+    set_limits = jail_cgroups.cgroups_set_limits
 
     def refuse_warm(paths: dict[str, str], res: Resources) -> bool:
         warm = any(f"/{PREFIX}" in path for path in paths.values())
         return not warm and set_limits(paths, res)
 
-    monkeypatch.setattr(jail, "cgroups_set_limits", refuse_warm)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", refuse_warm)
     handle = warm_provider.create(
         SandboxSpec(sandbox_id=uuid.uuid4().hex, env={"A": "b"}, resources=NOT_THE_POOLS)
     )
@@ -494,13 +494,13 @@ def test_a_reservation_whose_jail_fails_is_started_cold_under_its_id(warm_provid
         SandboxSpec(sandbox_id=sandbox_id, env={"A": "b"}, resources=NOT_THE_POOLS)
     )
     assert reserved is not None
-    set_limits = jail.cgroups_set_limits
+    set_limits = jail_cgroups.cgroups_set_limits
 
     def refuse_warm(paths: dict[str, str], res: Resources) -> bool:
         warm = any(f"/{PREFIX}" in path for path in paths.values())
         return not warm and set_limits(paths, res)
 
-    monkeypatch.setattr(jail, "cgroups_set_limits", refuse_warm)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", refuse_warm)
     handle = reserved.adopt()
     monkeypatch.undo()
     try:
@@ -940,14 +940,14 @@ def test_concurrent_creates_hold_the_providers_refill(warm_provider, monkeypatch
     # progress at once and the pool is empty: it refills only once they are done.
     assert warm_provider._pool.wait_full(30)
     release = threading.Event()
-    set_limits = jail.cgroups_set_limits
+    set_limits = jail_cgroups.cgroups_set_limits
 
     def held(paths: dict[str, str], res: Resources) -> bool:
         if threading.current_thread() in threads:  # not the refill's own starts
             assert release.wait(30)
         return set_limits(paths, res)
 
-    monkeypatch.setattr(jail, "cgroups_set_limits", held)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", held)
     made: list[str] = []
 
     def create() -> None:
@@ -987,7 +987,7 @@ def test_a_create_no_warm_jail_could_serve_does_not_hold_the_refill(monkeypatch)
         assert provider._pool.wait_full(30)
         monkeypatch.setattr(warm_pool, "BURST_HOLD_S", 60.0)  # a hold would outlast the test
         started, release = threading.Event(), threading.Event()
-        cgroups_create = jail.cgroups_create
+        cgroups_create = jail_cgroups.cgroups_create
 
         def held(*args, **kwargs):  # type: ignore[no-untyped-def]
             if threading.current_thread() is slow:
@@ -999,7 +999,7 @@ def test_a_create_no_warm_jail_could_serve_does_not_hold_the_refill(monkeypatch)
             spec = SandboxSpec(sandbox_id=uuid.uuid4().hex, network=True)
             made.append(provider.create(spec).provider_id)
 
-        monkeypatch.setattr(jail, "cgroups_create", held)
+        monkeypatch.setattr(jail_cgroups, "cgroups_create", held)
         slow = threading.Thread(target=networked)
         slow.start()
         try:

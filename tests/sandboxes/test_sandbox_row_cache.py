@@ -30,7 +30,7 @@ from sandboxes.models import Sandbox, SandboxState
 from sandboxes.provider_access import sandbox_started, sandbox_transition
 from sandboxes.providers import get_provider, reset_providers
 from sandboxes.providers.base import ProviderUnavailable
-from sandboxes.providers.local import LocalProvider, jail
+from sandboxes.providers.local import LocalProvider, jail_cgroups
 from sandboxes.providers.local.pool import PREFIX as WARM_PREFIX
 from sandboxes.providers.local.provider import LocalWarmReservation
 from sandboxes.selectors import (
@@ -773,7 +773,7 @@ def test_a_warm_create_that_cannot_start_ends_in_error_and_is_read_so(
     kept is not served after that."""
     _epoch()
     _known_key(api_a)
-    monkeypatch.setattr(jail, "cgroups_set_limits", lambda paths, res: False)
+    monkeypatch.setattr(jail_cgroups, "cgroups_set_limits", lambda paths, res: False)
     monkeypatch.setattr(
         LocalProvider,
         "_start_cold",

@@ -1,7 +1,7 @@
 """Boot-up of LocalProvider's jails: a cold start (`_start`: the sandbox's directory, its
 host uid, cgroups, bwrap, the agent and, with network=True, slirp4netns and the firewall),
 a warm jail for the pool (`_spawn_warm`) and a warm jail turned into a sandbox (`_adopt`).
-What the jail is made of (bwrap's argv, cgroups, rlimits) is jail.py's; this module runs it.
+What the jail is made of (bwrap's argv, rlimits) is jail.py's, its cgroups jail_cgroups.py's; this module runs it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sandboxes.providers.base import (
     SandboxSpec,
     SandboxState,
 )
-from sandboxes.providers.local import jail, launcher, net, rootfs, volume
+from sandboxes.providers.local import jail, jail_cgroups, launcher, net, rootfs, volume
 from sandboxes.providers.local.etc import JailEtc
 from sandboxes.providers.local.identity import HostIdentities
 from sandboxes.providers.local.pool import WarmJail, WarmPool, pool_name
@@ -106,10 +106,10 @@ class JailBoot:
         if state.resources != res.__dict__:
             if self._disk_quota:
                 volume.resize(wdir, res.disk_mb)
-            if not jail.cgroups_set_limits(state.cgroups, res):
+            if not jail_cgroups.cgroups_set_limits(state.cgroups, res):
                 raise ProviderUnavailable(f"cannot apply the limits to warm jail {jail_id}")
-        jail.cgroups_set_background(state.cgroups, False)
-        state.cpu_base_ns = jail.cgroups_reset_counters(state.cgroups)
+        jail_cgroups.cgroups_set_background(state.cgroups, False)
+        state.cpu_base_ns = jail_cgroups.cgroups_reset_counters(state.cgroups)
         rlimits = jail.rlimits(res, state.cgroups, own_uid=state.host_uid != os.geteuid())
         config = json.dumps({"env": env, "rlimits": rlimits}).encode()
         try:  # the agent reads it when the first request arrives, so it must fit the pipe
@@ -192,9 +192,9 @@ class JailBoot:
         bwrap = shutil.which(self.bwrap_path)
         if bwrap is None:  # setpriv would start, then fail to exec it
             raise ProviderUnavailable(f"cannot run {self.bwrap_path}. {BWRAP_INSTALL_HINT}")
-        cgroups, limited = jail.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
+        cgroups, limited = jail_cgroups.cgroups_create(self._cgroup_bases, spec.sandbox_id, res)
         if warm:  # let it start without slowing the sandboxes in use
-            jail.cgroups_set_background(cgroups, True)
+            jail_cgroups.cgroups_set_background(cgroups, True)
         root = rootfs.rootfs_check(spec.rootfs) if spec.rootfs else None
         # A root file system installed before the shim existed has no place to bind it.
         exec_shim = self._exec_shim
@@ -267,11 +267,11 @@ class JailBoot:
                 for fd in (info_w, block_r, ready_w):
                     os.close(fd)
             REAPER.watch(proc)
-        if warm and "cpu" in cgroups and jail.UNIFIED not in cgroups:
+        if warm and "cpu" in cgroups and jail_cgroups.UNIFIED not in cgroups:
             # bwrap's own set-up (namespaces, mounts) at idle priority too; it usually
             # has not cloned the jail yet, and the jail joins this cgroup anyway. (On v2
             # bwrap would join the jail's one cgroup, and count among its processes.)
-            jail.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
+            jail_cgroups.cgroups_join({"cpu": cgroups["cpu"]}, proc.pid)
         with self._lock:
             for sid, old in list(self._bwraps.items()):
                 if old.returncode is not None:  # jails destroyed by another process
@@ -284,7 +284,7 @@ class JailBoot:
             info = _read_json_fd(info_r, CREATE_TIMEOUT_S)
             jail_pid = int(info["child-pid"])
             # The jail is blocked on block_fd until it sits in its cgroups.
-            jail.cgroups_join(cgroups, jail_pid)
+            jail_cgroups.cgroups_join(cgroups, jail_pid)
             try:
                 os.write(block_w, b"x")
             except BrokenPipeError:  # bwrap gave up during its set-up
@@ -368,7 +368,7 @@ class JailBoot:
             REAPER.watch(slirp)
             try:
                 # In the jail's cgroups it shares its limits and dies with them.
-                jail.cgroups_join(cgroups, slirp.pid)
+                jail_cgroups.cgroups_join(cgroups, slirp.pid)
                 firewall = net.start_firewall(self._net_tools, jail_pid, log)
                 REAPER.watch(firewall)
             except BaseException:

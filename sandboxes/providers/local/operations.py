@@ -20,7 +20,7 @@ from sandboxes.providers.base import (
     ProviderError,
     SandboxGone,
 )
-from sandboxes.providers.local import jail
+from sandboxes.providers.local import jail, jail_cgroups
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
 from sandboxes.providers.local.watch import WorkspaceWatch
 
@@ -150,4 +150,4 @@ def _connect_patiently(sock: socket.socket, target: str, timeout: float) -> None
 
 
 def _oom_kills(state: jail.JailState) -> int:
-    return jail.cgroup_oom_kills(state.cgroups)
+    return jail_cgroups.cgroup_oom_kills(state.cgroups)

@@ -44,7 +44,7 @@ from sandboxes.providers.base import (
     SandboxState,
     SandboxStats,
 )
-from sandboxes.providers.local import c_helpers, jail, launcher, net, volume
+from sandboxes.providers.local import c_helpers, jail, jail_cgroups, launcher, net, volume
 from sandboxes.providers.local.boot import (
     BWRAP_INSTALL_HINT,
     JailBoot,
@@ -79,7 +79,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
     destroy them before dropping a provider that has some. When Sandpit
     runs as root, each jail runs as its own host uid from ``host_uid_base`` on
     (``host_uid_count`` of them; see identity.py). `cgroup_version` picks the cgroup
-    hierarchy: "auto", "v1" or "v2" (jail.cgroup_bases).
+    hierarchy: "auto", "v1" or "v2" (jail_cgroups.cgroup_bases).
     """
 
     name = "local"
@@ -127,7 +127,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         self._identities.adopt(shared / "uids")
         if self._identities.switching:
             check_passable(self.root_dir)
-        self._cgroup_bases = jail.cgroup_bases(jail.cgroup_scope(self.root_dir), cgroup_version)
+        self._cgroup_bases = jail_cgroups.cgroup_bases(
+            jail_cgroups.cgroup_scope(self.root_dir), cgroup_version
+        )
         self._net_tools = net.find_tools()
         if self._net_tools is None:
             self.capabilities = frozenset(Capability) - {Capability.NETWORK}
@@ -162,7 +164,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         this root's cgroup parents if no jail is left in them."""
         if self._pool is not None:
             self._pool.close()
-        jail.cgroup_scope_remove(self._cgroup_bases)
+        jail_cgroups.cgroup_scope_remove(self._cgroup_bases)
 
     def _etc_dirs_in_use(self) -> set[str]:
         """The /etc directory of every jail under root_dir (see etc.py)."""
@@ -368,7 +370,7 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
             if state is not None
             else {ctrl: f"{base}/{provider_id}" for ctrl, base in self._cgroup_bases.items()}
         )
-        emptied = jail.cgroups_remove(cgroups)
+        emptied = jail_cgroups.cgroups_remove(cgroups)
         self._cpu_samples.pop(provider_id, None)
         volume.remove(sdir)
         host_uid = read_uid_file(sdir)
@@ -392,8 +394,8 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
         cpu_percent = 0.0
         process_count = 0
         cg = state.cgroups
-        memory = jail.cgroup_memory_bytes(cg)
-        cpu_ns = jail.cgroup_cpu_ns(cg)
+        memory = jail_cgroups.cgroup_memory_bytes(cg)
+        cpu_ns = jail_cgroups.cgroup_cpu_ns(cg)
         if cpu_ns is not None:
             usage = max(0, cpu_ns - state.cpu_base_ns)
             mono = time.monotonic()
@@ -403,9 +405,9 @@ class LocalProvider(JailBoot, JailOperations, LocalSnapshots):
                 cpu_percent = (usage - prev[1]) / 1e9 / (mono - prev[0]) * 100
             elif uptime > 0:
                 cpu_percent = usage / 1e9 / uptime * 100
-        procs = cg.get("pids") or cg.get(jail.UNIFIED)
+        procs = cg.get("pids") or cg.get(jail_cgroups.UNIFIED)
         if procs is not None:  # neither the agent nor slirp4netns counts
-            pids = [p for p in jail.cgroup_pids(procs) if p != state.slirp_pid]
+            pids = [p for p in jail_cgroups.cgroup_pids(procs) if p != state.slirp_pid]
             process_count = max(0, len(pids) - 1)
         rx = tx = 0
         if jail.jail_alive(state):
@@ -579,8 +581,8 @@ def cgroup_limits_detail(bases: dict[str, str]) -> str:
             "cgroups unavailable: per-process rlimits only (RLIMIT_AS; RLIMIT_NPROC for a "
             "jail with its own host uid)"
         )
-    version = "v2" if jail.UNIFIED in bases else "v1"
-    controllers = ",".join(sorted(set(bases) - {jail.UNIFIED}))
+    version = "v2" if jail_cgroups.UNIFIED in bases else "v1"
+    controllers = ",".join(sorted(set(bases) - {jail_cgroups.UNIFIED}))
     missing = [ctrl for ctrl in ("memory", "pids") if ctrl not in bases]
     if not missing:
         return f"cgroup {version} limits: {controllers}"

@@ -1,7 +1,7 @@
 """Pause, resume and snapshots of local jails (mixed into LocalProvider).
 
 * Pause: every jail sits in a freezer cgroup of its own from its first instruction
-  (jail.py creates it with the others; on cgroup v2 it is the jail's one cgroup, frozen
+  (jail_cgroups.py creates it with the others; on cgroup v2 it is the jail's one cgroup, frozen
   through cgroup.freeze), so writing FROZEN there stops every process of the sandbox at
   once, forks in flight included; memory stays as it is.
   Destroying a paused jail thaws it after the SIGKILLs (a frozen task cannot die).
