@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from common.errors import Forbidden
 from common.inputs import InputSerializer
+from common.schema_shapes import results_of
 
 from . import services
 from .models import ApiKey, Invitation, Membership, Organization, Role
@@ -54,7 +55,9 @@ class ApiKeyListApi(APIView):
             help_text="When the key stops working (ISO 8601); default never.",
         )
 
-    @extend_schema(responses=ApiKeyOutput(many=True))
+    @extend_schema(
+        operation_id="v1_api_keys_list", responses=results_of("ApiKey", ApiKeyOutput(many=True))
+    )
     def get(self, request: Request) -> Response:
         keys = api_keys_for_org(principal_of(request).organization)
         return Response({"results": ApiKeyOutput(keys, many=True).data})
@@ -78,6 +81,7 @@ class ApiKeyListApi(APIView):
 class ApiKeyDetailApi(APIView):
     permission_classes = [IsOrganizationManager]
 
+    @extend_schema(responses={200: ApiKeyOutput})
     def delete(self, request: Request, key_id: int) -> Response:
         api_key = get_object_or_404(
             ApiKey, pk=key_id, organization=principal_of(request).organization
@@ -172,6 +176,7 @@ class OrganizationApi(APIView):
 class MemberListApi(APIView):
     permission_classes = [HasOrganization]
 
+    @extend_schema(responses=results_of("Membership", MembershipOutput(many=True)))
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
         if principal.user is None:
@@ -227,7 +232,10 @@ class InvitationListApi(APIView):
             help_text="The role on joining (default member).",
         )
 
-    @extend_schema(responses=InvitationOutput(many=True))
+    @extend_schema(
+        operation_id="v1_invitations_list",
+        responses=results_of("Invitation", InvitationOutput(many=True)),
+    )
     def get(self, request: Request) -> Response:
         invitations = Invitation.objects.filter(
             organization=principal_of(request).organization

@@ -29,6 +29,7 @@ from accounts.permissions import (
     signed_in_user,
 )
 from common.inputs import InputSerializer
+from common.schema_shapes import PAGE_PARAMETERS, page_of
 
 from . import pricing, selectors, services
 from .models import Invoice
@@ -179,7 +180,11 @@ class UsageApi(JsonErrorsMixin, APIView):
 class InvoiceListApi(APIView):
     permission_classes = [HasOrganization]
 
-    @extend_schema(responses=InvoiceOutput(many=True))
+    @extend_schema(
+        operation_id="v1_invoices_list",
+        responses=page_of("Invoice", InvoiceOutput(many=True)),
+        parameters=PAGE_PARAMETERS,
+    )
     def get(self, request: Request) -> Response:
         invoices = selectors.invoices_for_org(organization=principal_of(request).organization)
         # DRF imports the configured dotted path; the stubs type the setting as that string.

@@ -22,6 +22,7 @@ from accounts.authentication import Principal
 from accounts.permissions import principal_of
 from common.errors import ApplicationError, Forbidden, PayloadTooLarge
 from common.pagination import CursorlessPagination
+from common.schema_shapes import PAGE_PARAMETERS, page_of, results_of
 
 from . import code_services, file_services, process_services, services
 from . import serializers as s
@@ -34,6 +35,14 @@ from .snapshots import snapshot_get_for_principal
 PATH_PARAM = OpenApiParameter(
     "path", str, description="Relative to /workspace, or absolute under /workspace or /tmp"
 )
+PATH_REQUIRED_PARAM = OpenApiParameter(
+    "path",
+    str,
+    required=True,
+    description="The file or directory: relative to /workspace, or absolute under /workspace "
+    "or /tmp",
+)
+OFFSET_LIMITS = {"minimum": 0, "maximum": s.MAX_OFFSET}
 RECURSIVE_PARAM = OpenApiParameter(
     "recursive", bool, description="Listing: the whole tree. Delete: a directory and its contents."
 )
@@ -142,8 +151,10 @@ def _no_tokens(principal: Principal) -> None:
 
 class SandboxListApi(SandboxApi):
     @extend_schema(
-        responses=s.SandboxOutput(many=True),
+        operation_id="v1_sandboxes_list",
+        responses=page_of("Sandbox", s.SandboxOutput(many=True)),
         parameters=[
+            *PAGE_PARAMETERS,
             OpenApiParameter(
                 "state", str, description="Only sandboxes in this state (running, stopped, ...)."
             ),
@@ -217,7 +228,7 @@ class SandboxDetailApi(SandboxApi):
     def get(self, request: Request, sandbox_id: str) -> Response:
         return Response(_SANDBOX_OUTPUT.to_representation(self.sandbox(request, sandbox_id)))
 
-    @extend_schema(responses=s.SandboxOutput)
+    @extend_schema(responses={200: s.SandboxOutput})
     def delete(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(principal_of(request))
@@ -338,7 +349,10 @@ class SandboxLanguagesApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET"})
 
-    @extend_schema(responses=s.LanguageOutput(many=True))
+    @extend_schema(
+        operation_id="v1_sandboxes_languages_list",
+        responses=results_of("Language", s.LanguageOutput(many=True)),
+    )
     def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         found = code_services.sandbox_languages(sandbox=sandbox)
@@ -368,7 +382,7 @@ class FilesApi(SandboxApi):
 
         return self.operate(request, run)
 
-    @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
+    @extend_schema(parameters=[PATH_REQUIRED_PARAM, RECURSIVE_PARAM])
     def delete(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         if not query["path"] or query["path"] in (".", "/workspace", "/workspace/"):
@@ -393,9 +407,17 @@ class FileContentApi(SandboxApi):
 
     @extend_schema(
         parameters=[
-            PATH_PARAM,
-            OpenApiParameter("offset", int, description="First byte to read (default 0)."),
-            OpenApiParameter("length", int, description="Bytes to read (default: to the end)."),
+            PATH_REQUIRED_PARAM,
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", **OFFSET_LIMITS},
+                description="First byte to read (default 0).",
+            ),
+            OpenApiParameter(
+                "length",
+                {"type": "integer", **OFFSET_LIMITS},
+                description="Bytes to read (default: to the end).",
+            ),
         ]
     )
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
@@ -424,7 +446,11 @@ class FileContentApi(SandboxApi):
 
         return self.operate(request, run)
 
-    @extend_schema(parameters=[PATH_PARAM], request={"application/octet-stream": bytes})
+    @extend_schema(
+        parameters=[PATH_REQUIRED_PARAM],
+        request={"application/octet-stream": bytes},
+        responses={201: s.FileEntryOutput},
+    )
     def put(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         if query["path"] in ("", "."):
@@ -484,7 +510,7 @@ class MkdirApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.MkdirInput)
+    @extend_schema(request=s.MkdirInput, responses={201: s.FileEntryOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.MkdirInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -521,6 +547,7 @@ class ProcessListApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
+    @extend_schema(responses=results_of("Process", s.ProcessOutput(many=True)))
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -530,7 +557,7 @@ class ProcessListApi(SandboxApi):
 
         return self.operate(request, run)
 
-    @extend_schema(request=s.ProcessStartInput)
+    @extend_schema(request=s.ProcessStartInput, responses={201: s.ProcessOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.ProcessStartInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -576,8 +603,16 @@ class ProcessOutputApi(SandboxApi):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("stdout_offset", int, description="Bytes of stdout already read."),
-            OpenApiParameter("stderr_offset", int, description="Bytes of stderr already read."),
+            OpenApiParameter(
+                "stdout_offset",
+                {"type": "integer", **OFFSET_LIMITS},
+                description="Bytes of stdout already read.",
+            ),
+            OpenApiParameter(
+                "stderr_offset",
+                {"type": "integer", **OFFSET_LIMITS},
+                description="Bytes of stderr already read.",
+            ),
             OpenApiParameter(
                 "encoding",
                 str,
@@ -615,7 +650,7 @@ class ProcessOutputApi(SandboxApi):
 
 
 class SandboxTokenApi(SandboxApi):
-    @extend_schema(request=s.TokenInput)
+    @extend_schema(request=s.TokenInput, responses={201: s.TokenOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.TokenInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)

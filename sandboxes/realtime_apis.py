@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from common.inputs import InputSerializer
+from common.schema_shapes import results_of
 
 from . import services
 from .apis import SandboxApi, _validated
@@ -86,17 +87,35 @@ def terminal_data(request: Any, info: TerminalInfo) -> dict[str, Any]:
     }
 
 
+class TerminalOutput(serializers.Serializer):
+    """What `terminal_data` answers, for the schema."""
+
+    id = serializers.CharField()
+    sandbox_id = serializers.CharField()
+    ws_url = serializers.CharField(help_text="Its WebSocket, absolute (ws:// or wss://).")
+    ws_path = serializers.CharField()
+    cols = serializers.IntegerField()
+    rows = serializers.IntegerField()
+    shell = serializers.CharField(allow_null=True)
+    running = serializers.BooleanField()
+    exit_code = serializers.IntegerField(allow_null=True)
+    clients = serializers.IntegerField(help_text="WebSockets attached now.")
+
+
 class TerminalListApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
-    @extend_schema(operation_id="v1_sandboxes_terminals_list")
+    @extend_schema(
+        operation_id="v1_sandboxes_terminals_list",
+        responses=results_of("Terminal", TerminalOutput(many=True)),
+    )
     def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         terminals = terminals_for_sandbox(sandbox=sandbox)
         return Response({"results": [terminal_data(request, t) for t in terminals]})
 
-    @extend_schema(request=TerminalCreateInput)
+    @extend_schema(request=TerminalCreateInput, responses={201: TerminalOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(TerminalCreateInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -120,7 +139,7 @@ class TerminalDetailApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
-    @extend_schema(operation_id="v1_sandboxes_terminal_retrieve")
+    @extend_schema(operation_id="v1_sandboxes_terminal_retrieve", responses=TerminalOutput)
     def get(self, request: Request, sandbox_id: str, terminal_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         return Response(
@@ -142,7 +161,7 @@ class TerminalResizeApi(SandboxApi):
     required_scope = "terminal"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=TerminalResizeInput)
+    @extend_schema(request=TerminalResizeInput, responses=TerminalOutput)
     def post(self, request: Request, sandbox_id: str, terminal_id: str) -> HttpResponse:
         data = _validated(TerminalResizeInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)

@@ -249,7 +249,8 @@ def sandbox_create(
     if snapshot is not None:
         provider_name, template, resources = _from_snapshot(snapshot, provider_name, resources)
     organization = principal.organization
-    provider = get_provider(provider_name or settings.SANDPIT_DEFAULT_PROVIDER)
+    # 400 for a provider not enabled here, whichever entry point named it.
+    provider = get_provider(provider_name_check(provider_name))
     # 400 for an unknown template, 409 for one not built: never a silent default.
     launch = template_for_sandbox(
         organization=organization, name=template, provider_name=provider.name

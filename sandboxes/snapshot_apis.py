@@ -16,6 +16,7 @@ from accounts.permissions import principal_of
 from common.errors import Forbidden
 from common.inputs import InputSerializer
 from common.pagination import CursorlessPagination
+from common.schema_shapes import PAGE_PARAMETERS, page_of
 
 from . import serializers as s
 from . import snapshots
@@ -59,6 +60,9 @@ def _no_tokens(request: Any) -> None:
         raise Forbidden("Sandbox tokens cannot do this; use an API key.", code="token_not_allowed")
 
 
+SNAPSHOT_PAGE = page_of("Snapshot", SnapshotOutput(many=True))
+
+
 def _page(view: Any, request: Request, qs: Any) -> Response:
     paginator = CursorlessPagination()
     page = paginator.paginate_queryset(qs, request, view=view)
@@ -68,7 +72,11 @@ def _page(view: Any, request: Request, qs: Any) -> Response:
 class SandboxSnapshotListApi(SandboxApi):
     """GET: the sandbox's snapshots (not counted). POST: take one (counted once)."""
 
-    @extend_schema(responses=SnapshotOutput(many=True))
+    @extend_schema(
+        operation_id="v1_sandboxes_snapshots_list",
+        responses=SNAPSHOT_PAGE,
+        parameters=PAGE_PARAMETERS,
+    )
     def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         _no_tokens(request)
@@ -95,7 +103,9 @@ class SandboxSnapshotListApi(SandboxApi):
 class SnapshotListApi(SandboxApi):
     """GET: the organization's snapshots, newest first (not counted)."""
 
-    @extend_schema(responses=SnapshotOutput(many=True))
+    @extend_schema(
+        operation_id="v1_snapshots_list", responses=SNAPSHOT_PAGE, parameters=PAGE_PARAMETERS
+    )
     def get(self, request: Request) -> Response:
         _no_tokens(request)
         return _page(self, request, snapshots.snapshots_for_org(principal_of(request).organization))

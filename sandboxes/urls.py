@@ -1,6 +1,9 @@
-from django.urls import path
+from django.urls import path, register_converter
 
 from . import apis
+from .url_converters import ProcessIdConverter
+
+register_converter(ProcessIdConverter, "pid")
 
 sandbox = "sandboxes/<str:sandbox_id>"
 
@@ -22,12 +25,12 @@ urlpatterns = [
     path(f"{sandbox}/files/move", apis.MoveApi.as_view(), name="api-sandbox-move"),
     path(f"{sandbox}/processes", apis.ProcessListApi.as_view(), name="api-sandbox-processes"),
     path(
-        f"{sandbox}/processes/<int:pid>/signal",
+        f"{sandbox}/processes/<pid:pid>/signal",
         apis.ProcessSignalApi.as_view(),
         name="api-sandbox-process-signal",
     ),
     path(
-        f"{sandbox}/processes/<int:pid>/output",
+        f"{sandbox}/processes/<pid:pid>/output",
         apis.ProcessOutputApi.as_view(),
         name="api-sandbox-process-output",
     ),

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,3 +96,49 @@ def live_server_env(redis_url: str, installation: str) -> dict[str, str]:
         "REDIS_URL": redis_url,
         "SANDPIT_INSTALLATION": installation,
     }
+
+
+@contextmanager
+def serving_test_database(
+    settings: Any, log_path: Path, *, module: str, **extra_env: str
+) -> Iterator[tuple[str, Path]]:
+    """A server (`module`: the product's launcher or "daphne") on a free loopback port, on
+    this test's PostgreSQL database and Redis prefix, with a local jail root of its own: its
+    URL and that root. Stopped (and the root removed) on the way out. `extra_env` adds to or
+    overrides the environment (the warm pool, for one)."""
+    # Short: AF_UNIX paths to the agents' sockets under it are limited to 107 bytes (pytest's
+    # tmp_path is too long).
+    local_root = tempfile.mkdtemp(prefix="sp-", dir="/tmp")
+    env = {
+        **live_server_env(settings.REDIS_URL, settings.SANDPIT_INSTALLATION),
+        "SANDPIT_API_RATE": "1000000/min",
+        "SANDPIT_LOCAL_ROOT": local_root,
+        "SANDPIT_VAR_DIR": str(log_path.parent / "var"),
+        "SANDPIT_LOG_LEVEL": "WARNING",
+        **extra_env,
+    }
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with log_path.open("w") as log:
+        process = server_start(port, env, log, module=module)
+        try:
+            deadline = time.monotonic() + 30
+            while not _answers(base):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("server did not start: " + log_path.read_text()[-2000:])
+                time.sleep(0.1)
+            yield base, Path(local_root)
+        finally:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            shutil.rmtree(local_root, ignore_errors=True)
+
+
+def _answers(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health/live", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ from billing.models import UsageDaily, UsageEvent
 from sandboxes.models import Sandbox
 from sandboxes.services import CAPPED_STATES
 from tests.requirements import missing_part
-from tests.servers import free_port, live_server_env, server_start
+from tests.servers import serving_test_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,43 +41,10 @@ def served(transactional_db, settings, tmp_path) -> Iterator[tuple[str, Path]]: 
     URL), and the root of its local sandboxes, with the default warm pool of 8 jails."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         missing_part("needs PostgreSQL and REDIS_URL")
-    port = free_port()
-    local_root = tempfile.mkdtemp(prefix="sp-", dir="/tmp")
-    env = dict(
-        live_server_env(settings.REDIS_URL, settings.SANDPIT_INSTALLATION),
-        SANDPIT_API_RATE="1000000/min",
-        # Short on purpose: the host reaches a sandbox's agent through a Unix socket under this
-        # root, and AF_UNIX paths are limited to 107 bytes (pytest's tmp_path is too long).
-        SANDPIT_LOCAL_ROOT=local_root,
-        SANDPIT_LOCAL_WARM_POOL="8",
-        SANDPIT_VAR_DIR=str(tmp_path / "var"),
-        SANDPIT_LOG_LEVEL="WARNING",
-    )
-    log = (tmp_path / "daphne.log").open("w")
-    process = server_start(port, env, log, module="daphne")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/health/live", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "daphne did not start: " + (tmp_path / "daphne.log").read_text()[-2000:]
-                )
-            time.sleep(0.1)
-        yield base, Path(local_root)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-        shutil.rmtree(local_root, ignore_errors=True)
+    with serving_test_database(
+        settings, tmp_path / "daphne.log", module="daphne", SANDPIT_LOCAL_WARM_POOL="8"
+    ) as served:
+        yield served
 
 
 def test_32_clients_x_100_metered_calls_count_exactly(server, org_a, key_a):  # type: ignore[no-untyped-def]

@@ -364,3 +364,29 @@ def test_nul_bytes_anywhere_are_400(api_a, sandbox_a, debug):
     ):
         response = api_a.post("/api/v1/sandboxes", body, format="json")
         assert_clean_error(response, 400, "validation_error")
+
+
+@pytest.mark.parametrize("pid", ["0", "4194305", "2147483648", "1760625530225656", "9" * 40])
+def test_a_process_id_no_process_can_have_is_404(api_a, sandbox_a, debug, pid):
+    """Found by the schema fuzzer: a pid past a C int reached the agent, whose kill() raised
+    OverflowError, answered 502 provider_error with Python's message."""
+    signal = api_a.post(url(sandbox_a, f"/processes/{pid}/signal"), {}, format="json")
+    assert_clean_error(signal, 404, "not_found")
+    output = api_a.get(url(sandbox_a, f"/processes/{pid}/output"))
+    assert_clean_error(output, 404, "not_found")
+    # The largest pid Linux has is a pid: no such process here, in the same shape.
+    assert_clean_error(
+        api_a.post(url(sandbox_a, "/processes/4194304/signal"), {}, format="json"), 404
+    )
+
+
+def test_an_unknown_provider_is_400_at_every_door(api_a, local_sandboxes, debug):
+    """Found by the schema fuzzer: a one-shot run naming a provider not enabled here was 503
+    provider_not_configured (the server's fault) where a create said 400."""
+    for path, body in (
+        ("/api/v1/run", {"provider": "nope", "command": "true"}),
+        ("/api/v1/sandboxes", {"provider": "nope"}),
+    ):
+        error = assert_clean_error(api_a.post(path, body, format="json"), 400, "unknown_provider")
+        assert "nope" in error["message"]
+    assert not Sandbox.objects.exists()

@@ -56,8 +56,8 @@ EXPECTED: dict[tuple[str, str], int | None] = {
     # processes
     ("api/v1/sandboxes/<str:sandbox_id>/processes", "GET"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/processes", "POST"): 1,
-    ("api/v1/sandboxes/<str:sandbox_id>/processes/<int:pid>/signal", "POST"): 1,
-    ("api/v1/sandboxes/<str:sandbox_id>/processes/<int:pid>/output", "GET"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/processes/<pid:pid>/signal", "POST"): 1,
+    ("api/v1/sandboxes/<str:sandbox_id>/processes/<pid:pid>/output", "GET"): 1,
     ("api/v1/sandboxes/<str:sandbox_id>/commands", "POST background"): 1,
     # tokens, providers, terminals, ports
     ("api/v1/sandboxes/<str:sandbox_id>/tokens", "POST"): 1,
@@ -298,12 +298,12 @@ def test_each_sandbox_operation_is_metered_exactly_once(  # type: ignore[no-unty
             {"command": "echo bg", "background": True},
         )
         await arest(
-            (f"{sbx}/processes/<int:pid>/output", "GET"),
+            (f"{sbx}/processes/<pid:pid>/output", "GET"),
             "GET",
             f"{base}/processes/{background.json()['pid']}/output",
         )
         await arest(
-            (f"{sbx}/processes/<int:pid>/signal", "POST"),
+            (f"{sbx}/processes/<pid:pid>/signal", "POST"),
             "POST",
             f"{base}/processes/{started.json()['pid']}/signal",
             {"signal": "SIGKILL"},

@@ -1,0 +1,195 @@
+"""Fuzz the REST API from its own OpenAPI schema (Schemathesis), against the product's web
+server on this test's PostgreSQL and Redis, creating real local sandboxes.
+
+Every operation of `/api/schema/` is called with Hypothesis-generated paths, queries, headers
+and bodies (valid ones, and with the negative data Schemathesis derives from the schema), once
+with an API key and once as a signed-in owner's browser session. Each answer must be no
+server error, of a documented status (errors: the `default` response, the one error shape),
+match its documented schema, content type and headers, refuse what the schema rules out, and
+(for the key) refuse a request without credentials. Half the cases aim at a live sandbox of
+the organization rather than a made-up id, so the generated input reaches the providers.
+
+Not checked: that every request valid by the schema succeeds (Schemathesis' positive data
+acceptance). Some rules are not the schema's to state: a Dockerfile's syntax, a provider
+being enabled on this installation, exactly one of `code` and `command`; such requests are
+refused 400 in the error shape, which the other checks hold.
+
+Examples per operation and principal: SANDPIT_FUZZ_EXAMPLES (default 12), derandomized, so CI
+runs the same cases each time; raise it by hand for a longer hunt.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from django.db import connection
+from django.test import Client
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import checks
+
+from accounts.models import Organization, User
+from accounts.services import api_key_create
+from tests.requirements import missing_part
+from tests.servers import serving_test_database
+
+pytestmark = pytest.mark.django_db(transaction=True)
+EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
+SEMANTIC = [checks.positive_data_acceptance]
+# A session cookie is not a credential the schema's generator knows to leave out.
+EXCLUDED = {"key": SEMANTIC, "session": [*SEMANTIC, checks.ignored_auth]}
+# Last: operations that change what the others run under (the plan, the spending cap,
+# members, keys, the organization's settings).
+ORGANIZATION_WIDE = (
+    "/api/v1/billing",
+    "/api/v1/organization",
+    "/api/v1/members",
+    "/api/v1/api-keys",
+)
+
+
+@pytest.fixture
+def served(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        missing_part("needs PostgreSQL and REDIS_URL")
+    with serving_test_database(
+        settings,
+        tmp_path / "server.log",
+        module="playground.webserver",
+        SANDPIT_LOCAL_WARM_POOL="2",
+    ) as (base, _root):
+        yield base
+
+
+def _session_headers(user: User) -> dict[str, str]:
+    """A signed-in browser's credentials: its session cookie, and a CSRF secret of its own
+    choosing sent as both the cookie and the header (Django's double submit)."""
+    client = Client()
+    client.force_login(user)
+    csrf = "f" * 32
+    return {
+        "Cookie": f"sessionid={client.cookies['sessionid'].value}; csrftoken={csrf}",
+        "X-CSRFToken": csrf,
+    }
+
+
+class Organization_:
+    """The fuzzed organization's credentials and one running sandbox, renewed between
+    operations: a generated case may revoke the key or destroy the sandbox."""
+
+    def __init__(self, base: str, org: Organization, owner: User) -> None:
+        self.base, self.org, self.owner = base, org, owner
+        self.sandbox_id = ""
+
+    def key_headers(self) -> dict[str, str]:
+        secret = api_key_create(organization=self.org, name="fuzz", created_by=self.owner).secret
+        return {"Authorization": f"Bearer {secret}"}
+
+    def running_sandbox(self, headers: dict[str, str]) -> str:
+        if self.sandbox_id:
+            got = httpx.get(f"{self.base}/api/v1/sandboxes/{self.sandbox_id}", headers=headers)
+            if got.status_code == 200 and got.json()["state"] == "running":
+                return self.sandbox_id
+        self.destroy_all(headers)
+        created = httpx.post(f"{self.base}/api/v1/sandboxes", json={}, headers=headers, timeout=60)
+        assert created.status_code == 201, created.text
+        self.sandbox_id = created.json()["id"]
+        return self.sandbox_id
+
+    def destroy_all(self, headers: dict[str, str]) -> None:
+        listed = httpx.get(f"{self.base}/api/v1/sandboxes?limit=500", headers=headers, timeout=30)
+        assert listed.status_code == 200, listed.text
+        for sandbox in listed.json()["results"]:
+            gone = httpx.delete(
+                f"{self.base}/api/v1/sandboxes/{sandbox['id']}", headers=headers, timeout=60
+            )
+            assert gone.status_code in (200, 404), gone.text
+
+
+def _fuzz(
+    operation: Any, base: str, headers: dict[str, str], sandbox_id: str, excluded: list[Any]
+) -> tuple[list[int], list[BaseException]]:
+    """Run the operation's generated cases; the statuses answered and the failures found."""
+    statuses: list[int] = []
+    found: list[BaseException] = []
+
+    @given(case=operation.as_strategy(), aim_at_live=st.booleans())
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
+    def run(case: Any, aim_at_live: bool) -> None:
+        if aim_at_live and "sandbox_id" in (case.path_parameters or {}):
+            case.path_parameters["sandbox_id"] = sandbox_id
+        response = case.call(base_url=base, headers=headers, timeout=60)
+        statuses.append(response.status_code)
+        try:
+            case.validate_response(response, excluded_checks=excluded)
+        except (AssertionError, BaseExceptionGroup) as failure:
+            found.append(failure)
+
+    run()
+    return statuses, found
+
+
+def _described(label: str, failures: list[BaseException]) -> dict[str, str]:
+    """One entry per distinct failure title, with Schemathesis' report (the curl to replay)."""
+    out: dict[str, str] = {}
+    for failure in failures:
+        parts = failure.exceptions if isinstance(failure, BaseExceptionGroup) else [failure]
+        for part in parts:
+            title = f"{label}: {getattr(part, 'title', type(part).__name__)}"
+            out.setdefault(title, f"{title}\n{str(failure)[:2500]}")
+    return out
+
+
+def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a, alice):  # type: ignore[no-untyped-def]
+    raw = httpx.get(f"{served}/api/schema/?format=json", timeout=30).json()
+    operations = [
+        result.ok() for result in schemathesis.openapi.from_dict(raw).get_all_operations()
+    ]
+    operations.sort(key=lambda op: op.path.startswith(ORGANIZATION_WIDE))
+    assert len(operations) >= 60
+    fuzzed = Organization_(served, org_a, alice)
+    principals: dict[str, Callable[[], dict[str, str]]] = {
+        "key": fuzzed.key_headers,
+        "session": lambda: _session_headers(alice),
+    }
+    failures: dict[str, str] = {}
+    statuses: dict[tuple[str, str], list[int]] = {}
+    for operation in operations:
+        for who, credentials in principals.items():
+            headers = credentials()
+            sandbox_id = fuzzed.running_sandbox(fuzzed.key_headers())
+            answered, found = _fuzz(operation, served, headers, sandbox_id, EXCLUDED[who])
+            statuses[(who, operation.label)] = answered
+            failures.update(_described(f"{who} {operation.label}", found))
+    fuzzed.destroy_all(fuzzed.key_headers())
+
+    assert not failures, "\n\n".join(failures.values())
+    # The cases reached past authentication and validation: every principal had operations
+    # answered 2xx, and sandbox operations aimed at the live sandbox did work there.
+    succeeded = collections.Counter(
+        who for (who, _), codes in statuses.items() for code in codes if code < 300
+    )
+    assert succeeded["key"] >= 100 and succeeded["session"] >= 100, (succeeded, statuses)
+    for label in (
+        "POST /api/v1/sandboxes",
+        "POST /api/v1/sandboxes/{sandbox_id}/commands",
+        "GET /api/v1/sandboxes/{sandbox_id}/files",
+        "PUT /api/v1/sandboxes/{sandbox_id}/files/content",
+    ):
+        assert any(code < 300 for code in statuses[("key", label)]), (
+            label,
+            statuses[("key", label)],
+        )
