@@ -24,28 +24,15 @@ from common.errors import ApplicationError, Forbidden, PayloadTooLarge
 from common.pagination import CursorlessPagination
 from common.schema_shapes import PAGE_PARAMETERS, page_of, results_of
 
-from . import code_services, file_services, process_services, services
+from . import api_schema, code_services, file_services, process_services, services
 from . import serializers as s
+from .api_schema import OFFSET_LIMITS, PATH_PARAM, PATH_REQUIRED_PARAM, RECURSIVE_PARAM
 from .caller import Caller
 from .idempotent_requests import once_per_key
 from .models import Sandbox
 from .selectors import sandbox_get_for_principal, sandboxes_for_org
 from .snapshots import snapshot_get_for_principal
 
-PATH_PARAM = OpenApiParameter(
-    "path", str, description="Relative to /workspace, or absolute under /workspace or /tmp"
-)
-PATH_REQUIRED_PARAM = OpenApiParameter(
-    "path",
-    str,
-    required=True,
-    description="The file or directory: relative to /workspace, or absolute under /workspace "
-    "or /tmp",
-)
-OFFSET_LIMITS = {"minimum": 0, "maximum": s.MAX_OFFSET}
-RECURSIVE_PARAM = OpenApiParameter(
-    "recursive", bool, description="Listing: the whole tree. Delete: a directory and its contents."
-)
 # `format` is DRF's renderer override (?format=json), accepted by every endpoint.
 LIST_QUERY_PARAMETERS = frozenset({"state", "all", "limit", "offset", "format"})
 
@@ -269,6 +256,7 @@ class SandboxStatsApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
     unmetered_methods = frozenset({"GET"})
 
+    @extend_schema(responses=api_schema.StatsOutput)
     def get(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.sandbox(request, sandbox_id)
         stats = services.sandbox_stats(sandbox=sandbox)
@@ -282,7 +270,10 @@ class SandboxCommandApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.CommandInput)
+    @extend_schema(
+        request=s.CommandInput,
+        responses={200: api_schema.ExecResultOutput, 202: api_schema.BackgroundStartOutput},
+    )
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.CommandInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -320,7 +311,7 @@ class SandboxCodeApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.CodeInput)
+    @extend_schema(request=s.CodeInput, responses=api_schema.CodeRunOutput)
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.CodeInput, request.data)
         language = code_services.resolve_language(data["code"], data.get("language"))
@@ -366,7 +357,7 @@ class FilesApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET", "DELETE"})
 
-    @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM])
+    @extend_schema(parameters=[PATH_PARAM, RECURSIVE_PARAM], responses=api_schema.FileListOutput)
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
@@ -406,6 +397,7 @@ class FileContentApi(SandboxApi):
     parser_classes = [RawBytesParser]
 
     @extend_schema(
+        responses={(200, "application/octet-stream"): bytes},
         parameters=[
             PATH_REQUIRED_PARAM,
             OpenApiParameter(
@@ -418,7 +410,7 @@ class FileContentApi(SandboxApi):
                 {"type": "integer", **OFFSET_LIMITS},
                 description="Bytes to read (default: to the end).",
             ),
-        ]
+        ],
     )
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
@@ -449,7 +441,7 @@ class FileContentApi(SandboxApi):
     @extend_schema(
         parameters=[PATH_REQUIRED_PARAM],
         request={"application/octet-stream": bytes},
-        responses={201: s.FileEntryOutput},
+        responses={201: api_schema.FileEntryOutput},
     )
     def put(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
@@ -471,7 +463,7 @@ class FileStatApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"GET"})
 
-    @extend_schema(parameters=[PATH_PARAM])
+    @extend_schema(parameters=[PATH_PARAM], responses=api_schema.FileEntryOutput)
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         query = _validated(s.PathQuery, request.query_params)
         sandbox = self.sandbox(request, sandbox_id)
@@ -510,7 +502,7 @@ class MkdirApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.MkdirInput, responses={201: s.FileEntryOutput})
+    @extend_schema(request=s.MkdirInput, responses={201: api_schema.FileEntryOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.MkdirInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -526,7 +518,7 @@ class MoveApi(SandboxApi):
     required_scope = "files"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.MoveInput)
+    @extend_schema(request=s.MoveInput, responses=api_schema.FileEntryOutput)
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.MoveInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -547,7 +539,7 @@ class ProcessListApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"GET", "POST"})
 
-    @extend_schema(responses=results_of("Process", s.ProcessOutput(many=True)))
+    @extend_schema(responses=results_of("Process", api_schema.ProcessOutput(many=True)))
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
 
@@ -557,7 +549,7 @@ class ProcessListApi(SandboxApi):
 
         return self.operate(request, run)
 
-    @extend_schema(request=s.ProcessStartInput, responses={201: s.ProcessOutput})
+    @extend_schema(request=s.ProcessStartInput, responses={201: api_schema.ProcessOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.ProcessStartInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -580,7 +572,7 @@ class ProcessSignalApi(SandboxApi):
     required_scope = "exec"
     sandbox_token_methods = frozenset({"POST"})
 
-    @extend_schema(request=s.SignalInput)
+    @extend_schema(request=s.SignalInput, responses=api_schema.SignalOutput)
     def post(self, request: Request, sandbox_id: str, pid: int) -> HttpResponse:
         data = _validated(s.SignalInput, request.data)
         process_services.parse_signal(data["signal"])  # 400 before tenancy, as for any bad input
@@ -602,6 +594,7 @@ class ProcessOutputApi(SandboxApi):
     sandbox_token_methods = frozenset({"GET"})
 
     @extend_schema(
+        responses=api_schema.BackgroundOutputOutput,
         parameters=[
             OpenApiParameter(
                 "stdout_offset",
@@ -619,7 +612,7 @@ class ProcessOutputApi(SandboxApi):
                 enum=list(s.OUTPUT_ENCODINGS),
                 description='"utf-8" text (the default) or "base64" of the exact bytes.',
             ),
-        ]
+        ],
     )
     def get(self, request: Request, sandbox_id: str, pid: int) -> HttpResponse:
         query = _validated(s.BackgroundOutputQuery, request.query_params)
@@ -650,7 +643,7 @@ class ProcessOutputApi(SandboxApi):
 
 
 class SandboxTokenApi(SandboxApi):
-    @extend_schema(request=s.TokenInput, responses={201: s.TokenOutput})
+    @extend_schema(request=s.TokenInput, responses={201: api_schema.TokenOutput})
     def post(self, request: Request, sandbox_id: str) -> HttpResponse:
         data = _validated(s.TokenInput, request.data)
         sandbox = self.sandbox(request, sandbox_id)
@@ -671,45 +664,3 @@ class SandboxTokenApi(SandboxApi):
             )
 
         return self.operate(request, run)
-
-
-class RunApi(SandboxApi):
-    @extend_schema(request=s.RunInput)
-    def post(self, request: Request) -> HttpResponse:
-        data = _validated(s.RunInput, request.data)
-        principal = principal_of(request)
-        _no_tokens(principal)
-        if data.get("code") is not None:
-            code_services.resolve_language(data["code"], data.get("language"))
-
-        def run(caller: Caller) -> Response:
-            stdin = data.get("stdin")
-            outcome = code_services.run_once(
-                caller=caller,
-                code=data.get("code"),
-                command=data.get("command"),
-                language=data.get("language"),
-                files=data.get("files") or {},
-                stdin=stdin.encode() if stdin else None,
-                limits=data.get("limits") or {},
-                provider_name=data.get("provider"),
-            )
-            result = outcome.result
-            return Response(
-                {
-                    **s.exec_result_data(result),
-                    "verdict": outcome.verdict,
-                    "language": outcome.language,
-                    "compile": s.compile_data(outcome.compile),
-                    "cpu_time_ms": result.cpu_time_ms,
-                    "peak_memory_bytes": result.peak_memory_bytes,
-                }
-            )
-
-        return self.operate(request, run)
-
-
-class ProviderListApi(APIView):
-    def get(self, request: Request) -> Response:
-        organization = principal_of(request).organization
-        return Response({"results": services.providers_describe(organization)})

@@ -180,10 +180,17 @@ class TerminalResizeApi(SandboxApi):
         return self.operate(request, run)
 
 
+class PortOutput(serializers.Serializer):
+    port = serializers.IntegerField(help_text="TCP port listening in the sandbox.")
+    address = serializers.CharField(help_text="The address it listens on.")
+    url = serializers.CharField(help_text="Its preview URL (see Port previews).")
+
+
 class PortListApi(SandboxApi):
     required_scope = "ports"
     sandbox_token_methods = frozenset({"GET"})
 
+    @extend_schema(responses=results_of("Port", PortOutput(many=True)))
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
         sandbox = self.sandbox(request, sandbox_id)
 

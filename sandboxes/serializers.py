@@ -571,33 +571,3 @@ class TokenInput(InputSerializer):
         default=900,
         help_text="Lifetime in seconds (default 900, at most a day).",
     )
-
-
-class TokenOutput(serializers.Serializer):
-    token = serializers.CharField(help_text="The sandbox token: Authorization: Bearer <token>.")
-    scopes = serializers.ListField(
-        child=serializers.CharField(), help_text="What it may reach, sorted."
-    )
-    expires_at = serializers.DateTimeField(help_text="When it stops working.")
-
-
-class FileEntryOutput(serializers.Serializer):
-    """What `file_entry_data` answers, for the schema."""
-
-    name = serializers.CharField()
-    path = serializers.CharField()
-    type = serializers.ChoiceField(choices=["file", "dir", "symlink"])
-    size = serializers.IntegerField()
-    mtime = serializers.FloatField(help_text="Last modified, seconds since the epoch.")
-
-
-class ProcessOutput(serializers.Serializer):
-    """What `process_data` answers, for the schema."""
-
-    pid = serializers.IntegerField()
-    command = serializers.CharField()
-    running = serializers.BooleanField()
-    exit_code = serializers.IntegerField(allow_null=True)
-    started_at = serializers.FloatField(
-        allow_null=True, help_text="Seconds since the epoch, where the provider knows."
-    )

@@ -1,6 +1,6 @@
 from django.urls import path, register_converter
 
-from . import apis
+from . import apis, run_apis
 from .url_converters import ProcessIdConverter
 
 register_converter(ProcessIdConverter, "pid")
@@ -35,8 +35,8 @@ urlpatterns = [
         name="api-sandbox-process-output",
     ),
     path(f"{sandbox}/tokens", apis.SandboxTokenApi.as_view(), name="api-sandbox-tokens"),
-    path("run", apis.RunApi.as_view(), name="api-run"),
-    path("providers", apis.ProviderListApi.as_view(), name="api-providers"),
+    path("run", run_apis.RunApi.as_view(), name="api-run"),
+    path("providers", run_apis.ProviderListApi.as_view(), name="api-providers"),
 ]
 
 # Real-time layer (sandboxes/realtime_apis.py)

@@ -193,3 +193,26 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
             label,
             statuses[("key", label)],
         )
+
+
+def test_every_sandbox_operation_documents_its_answer_and_errors():
+    """What a client generated from the schema needs: the body of each success (204s have
+    none) and the error shape as every operation's other answers."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    undocumented = []
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            assert responses["default"]["content"]["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/Error"
+            }, (method, path)
+            if not path.startswith(("/api/v1/sandboxes", "/api/v1/run")):
+                continue
+            for status, response in responses.items():
+                if status.startswith("2") and status != "204" and "content" not in response:
+                    undocumented.append(f"{method.upper()} {path} {status}")
+    assert undocumented == []
+    error = schema["components"]["schemas"]["Error"]
+    assert error["properties"]["error"]["required"] == ["code", "message"]
