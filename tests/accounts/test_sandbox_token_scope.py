@@ -80,7 +80,7 @@ def _concrete(route: str, sandbox_id: str) -> str:
         converter, name = match["converter"] or "str", match["name"]
         if name == "sandbox_id":
             return sandbox_id
-        return "1" if converter == "int" else "x"
+        return "1" if converter in ("int", "pid") else "x"
 
     path = re.sub(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>", sample, route)
     path = re.sub(r"\(\?P<(?P<name>\w+)>[^)]*\)", lambda m: sample(m), path)

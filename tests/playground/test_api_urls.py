@@ -9,7 +9,7 @@ from django.urls import URLPattern, resolve, reverse
 
 from playground.urls import api_v1
 
-SAMPLE_BY_CONVERTER = {"str": "sb_0123456789abcdef", "int": "7", "slug": "a-slug"}
+SAMPLE_BY_CONVERTER = {"str": "sb_0123456789abcdef", "int": "7", "pid": "7", "slug": "a-slug"}
 
 
 def _named(pattern: URLPattern) -> str:
