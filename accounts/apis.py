@@ -12,13 +12,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.errors import Forbidden
 from common.inputs import InputSerializer
 from common.schema_shapes import results_of
 
 from . import services
 from .models import ApiKey, Invitation, Membership, Organization, Role
-from .permissions import HasOrganization, IsOrganizationManager, manager_of, principal_of
+from .permissions import (
+    HasOrganization,
+    IsOrganizationManager,
+    IsSignedIn,
+    manager_of,
+    principal_of,
+)
 from .selectors import api_keys_for_org, invitation_get_for_org
 
 
@@ -174,13 +179,11 @@ class OrganizationApi(APIView):
 
 
 class MemberListApi(APIView):
-    permission_classes = [HasOrganization]
+    permission_classes = [IsSignedIn]
 
     @extend_schema(responses=results_of("Membership", MembershipOutput(many=True)))
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
-        if principal.user is None:
-            raise Forbidden("Members are listed for signed-in users only.")
         members = Membership.objects.filter(organization=principal.organization).select_related(
             "user"
         )

@@ -34,6 +34,12 @@ def signed_in_user(request: object) -> User:
     return user
 
 
+MACHINE_CREDENTIALS = frozenset({"ApiKey", "SandboxToken"})
+"""The OpenAPI security schemes of credentials with no person behind them. A permission's
+`refused_credentials` names the schemes it always refuses, so the schema lists for each
+operation only the credentials it takes (playground/schema.py)."""
+
+
 class HasOrganization(BasePermission):
     """Authenticated and resolved to an organization."""
 
@@ -41,6 +47,17 @@ class HasOrganization(BasePermission):
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         return isinstance(getattr(request, "auth", None), Principal)
+
+
+class IsSignedIn(BasePermission):
+    """A person signed in with a browser session: never an API key or a sandbox token."""
+
+    message = "Only a person signed in can do this, not an API key or a sandbox token."
+    refused_credentials = MACHINE_CREDENTIALS
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        auth = getattr(request, "auth", None)
+        return isinstance(auth, Principal) and auth.user is not None
 
 
 class IsOrganizationManager(BasePermission):
@@ -53,6 +70,7 @@ class IsOrganizationManager(BasePermission):
     an owner's own key would otherwise get."""
 
     message = "Only organization owners and admins can do this."
+    refused_credentials = MACHINE_CREDENTIALS
     machine_message = (
         "API keys and sandbox tokens cannot manage the organization (members, invitations, "
         "API keys, plan, spending cap): an owner or admin does this signed in, in the browser "

@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 
 from accounts.models import Organization
 from accounts.permissions import (
+    MACHINE_CREDENTIALS,
     HasOrganization,
     IsOrganizationManager,
     principal_of,
@@ -78,6 +79,7 @@ class IsStaffUser(BasePermission):
     """A signed-in staff user (browser session). API keys and sandbox tokens never are."""
 
     message = "Only Sandpit staff can do this."
+    refused_credentials = MACHINE_CREDENTIALS
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         user = getattr(request, "user", None)

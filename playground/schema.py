@@ -44,6 +44,23 @@ class SandpitAutoSchema(AutoSchema):
         ]
         return described + list(super().get_override_parameters())
 
+    def get_auth(self) -> list[dict[str, list[str]]]:
+        # Only the credentials this operation takes: a sandbox token where the view lists the
+        # method (the gate in accounts/authentication.py), an API key unless a permission
+        # refuses it (`refused_credentials`, accounts/permissions.py).
+        refused = {
+            scheme
+            for permission in self.view.get_permissions()
+            for scheme in getattr(permission, "refused_credentials", ())
+        }
+        if self.method.upper() not in getattr(self.view, "sandbox_token_methods", ()):
+            refused.add("SandboxToken")
+        return [
+            requirement
+            for requirement in super().get_auth()
+            if not refused.intersection(requirement)
+        ]
+
     def _get_serializer(self) -> Any:
         # Thin APIViews declare bodies with @extend_schema where the shape matters; the rest
         # return small JSON objects documented in the README instead of warning at check time.

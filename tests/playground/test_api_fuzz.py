@@ -2,8 +2,9 @@
 server on this test's PostgreSQL and Redis, creating real local sandboxes.
 
 Every operation of `/api/schema/` is called with Hypothesis-generated paths, queries, headers
-and bodies (valid ones, and with the negative data Schemathesis derives from the schema), once
-with an API key and once as a signed-in owner's browser session. Each answer must be no
+and bodies (valid ones, and with the negative data Schemathesis derives from the schema), with
+an API key, as a signed-in owner's browser session, and with a sandbox token of the live
+sandbox (every scope); a credential the schema does not list for an operation must be refused. Each answer must be no
 server error, of a documented status (errors: the `default` response, the one error shape),
 match its documented schema, content type and headers, refuse what the schema rules out, and
 (for the key) refuse a request without credentials. Half the cases aim at a live sandbox of
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
 SEMANTIC = [checks.positive_data_acceptance]
 # A session cookie is not a credential the schema's generator knows to leave out.
-EXCLUDED = {"key": SEMANTIC, "session": [*SEMANTIC, checks.ignored_auth]}
+EXCLUDED = {"key": SEMANTIC, "token": SEMANTIC, "session": [*SEMANTIC, checks.ignored_auth]}
 # Last: operations that change what the others run under (the plan, the spending cap,
 # members, keys, the organization's settings).
 ORGANIZATION_WIDE = (
@@ -101,6 +102,17 @@ class Organization_:
         assert created.status_code == 201, created.text
         self.sandbox_id = created.json()["id"]
         return self.sandbox_id
+
+    def token_headers(self, sandbox_id: str) -> dict[str, str]:
+        """A sandbox token for `sandbox_id` with every scope."""
+        minted = httpx.post(
+            f"{self.base}/api/v1/sandboxes/{sandbox_id}/tokens",
+            json={"scopes": ["terminal", "files", "exec", "ports"], "ttl_s": 3600},
+            headers=self.key_headers(),
+            timeout=30,
+        )
+        assert minted.status_code == 201, minted.text
+        return {"Authorization": f"Bearer {minted.json()['token']}"}
 
     def destroy_all(self, headers: dict[str, str]) -> None:
         listed = httpx.get(f"{self.base}/api/v1/sandboxes?limit=500", headers=headers, timeout=30)
@@ -161,20 +173,23 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
     operations.sort(key=lambda op: op.path.startswith(ORGANIZATION_WIDE))
     assert len(operations) >= 60
     fuzzed = Organization_(served, org_a, alice)
-    principals: dict[str, Callable[[], dict[str, str]]] = {
-        "key": fuzzed.key_headers,
-        "session": lambda: _session_headers(alice),
+    principals: dict[str, Callable[[str], dict[str, str]]] = {
+        "key": lambda _sandbox: fuzzed.key_headers(),
+        "session": lambda _sandbox: _session_headers(alice),
+        "token": fuzzed.token_headers,
     }
     failures: dict[str, str] = {}
     statuses: dict[tuple[str, str], list[int]] = {}
-    for operation in operations:
-        for who, credentials in principals.items():
-            headers = credentials()
+    try:
+        for operation in operations:
             sandbox_id = fuzzed.running_sandbox(fuzzed.key_headers())
-            answered, found = _fuzz(operation, served, headers, sandbox_id, EXCLUDED[who])
-            statuses[(who, operation.label)] = answered
-            failures.update(_described(f"{who} {operation.label}", found))
-    fuzzed.destroy_all(fuzzed.key_headers())
+            for who, credentials in principals.items():
+                headers = credentials(sandbox_id)
+                answered, found = _fuzz(operation, served, headers, sandbox_id, EXCLUDED[who])
+                statuses[(who, operation.label)] = answered
+                failures.update(_described(f"{who} {operation.label}", found))
+    finally:
+        fuzzed.destroy_all(fuzzed.key_headers())
 
     assert not failures, "\n\n".join(failures.values())
     # The cases reached past authentication and validation: every principal had operations
@@ -183,6 +198,16 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
         who for (who, _), codes in statuses.items() for code in codes if code < 300
     )
     assert succeeded["key"] >= 100 and succeeded["session"] >= 100, (succeeded, statuses)
+    assert succeeded["token"] >= 30, (succeeded, statuses)
+    # Each operation's documented credentials are the ones it takes: a credential the schema
+    # does not list for it is refused, whatever the generated input (404: a generated path
+    # that matches no route, before any view).
+    scheme = {"key": "ApiKey", "session": "Session", "token": "SandboxToken"}
+    for (who, label), codes in statuses.items():
+        method, path = label.split(" ", 1)
+        security = raw["paths"][path][method.lower()].get("security", [])
+        if not any(scheme[who] in requirement for requirement in security):
+            assert 403 in codes and set(codes) <= {403, 404}, (who, label, codes)
     for label in (
         "POST /api/v1/sandboxes",
         "POST /api/v1/sandboxes/{sandbox_id}/commands",
