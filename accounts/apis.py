@@ -103,6 +103,19 @@ class MembershipOutput(serializers.ModelSerializer):
         fields = ["id", "email", "role", "created_at"]
 
 
+class OrganizationOutput(serializers.Serializer):
+    """What `_organization_data` answers, for the schema."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    slug = serializers.CharField()
+    plan = serializers.CharField()
+    allow_network = serializers.BooleanField(help_text="Sandboxes may ask for outbound network.")
+    docker_runtime = serializers.CharField(
+        allow_blank=True, help_text='"runsc": gVisor required; "" the default runtime.'
+    )
+
+
 def _organization_data(org: Organization) -> dict[str, object]:
     return {
         "id": org.pk,
@@ -160,10 +173,11 @@ class OrganizationApi(APIView):
             return [IsOrganizationManager()]
         return [HasOrganization()]
 
+    @extend_schema(responses=OrganizationOutput)
     def get(self, request: Request) -> Response:
         return Response(_organization_data(principal_of(request).organization))
 
-    @extend_schema(request=OrganizationUpdateInput)
+    @extend_schema(request=OrganizationUpdateInput, responses=OrganizationOutput)
     def patch(self, request: Request) -> Response:
         data = self.OrganizationUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)

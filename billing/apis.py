@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from django.http import HttpResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.pagination import BasePagination
@@ -32,7 +33,8 @@ from accounts.permissions import (
 from common.inputs import InputSerializer
 from common.schema_shapes import PAGE_PARAMETERS, page_of
 
-from . import pricing, selectors, services
+from . import api_schema, pricing, selectors, services
+from .api_schema import LineOutput
 from .models import Invoice
 
 # A spreadsheet treats a cell starting with one of these as a formula (=HYPERLINK(...) can
@@ -86,14 +88,6 @@ class IsStaffUser(BasePermission):
         return bool(user is not None and user.is_authenticated and getattr(user, "is_staff", False))
 
 
-class LineOutput(serializers.Serializer):
-    kind = serializers.CharField()
-    description = serializers.CharField()
-    quantity = serializers.IntegerField()
-    unit_price_cents = serializers.DecimalField(max_digits=12, decimal_places=4)
-    amount_cents = serializers.IntegerField()
-
-
 class InvoiceOutput(serializers.ModelSerializer):
     lines = LineOutput(many=True)
     total = serializers.SerializerMethodField()
@@ -132,7 +126,11 @@ class UsageApi(JsonErrorsMixin, APIView):
             OpenApiParameter(
                 "format", str, enum=["json", "csv"], description="csv: the export (default json)."
             )
-        ]
+        ],
+        responses={
+            (200, "application/json"): api_schema.UsageOutput,
+            (200, "text/csv"): OpenApiTypes.STR,
+        },
     )
     def get(self, request: Request, format: str | None = None) -> HttpResponse:
         organization = principal_of(request).organization
@@ -216,6 +214,7 @@ class InvoiceUpcomingApi(APIView):
 
     permission_classes = [HasOrganization]
 
+    @extend_schema(responses=api_schema.UpcomingInvoiceOutput)
     def get(self, request: Request) -> Response:
         upcoming = selectors.invoice_upcoming(organization=principal_of(request).organization)
         return Response(
@@ -286,12 +285,13 @@ class PlanApi(APIView):
     def get_permissions(self) -> Sequence[BasePermission]:
         return [HasOrganization()] if self.request.method == "GET" else [IsOrganizationManager()]
 
+    @extend_schema(responses=api_schema.PlanOutput)
     def get(self, request: Request) -> Response:
         return Response(
             _plan_body(services.plan_state(organization=principal_of(request).organization))
         )
 
-    @extend_schema(request=PlanInput)
+    @extend_schema(request=PlanInput, responses=api_schema.PlanOutput)
     def post(self, request: Request) -> Response:
         data = self.PlanInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -317,7 +317,7 @@ class SpendingCapApi(APIView):
             help_text="The most a period's invoice may reach, in cents; null for no cap.",
         )
 
-    @extend_schema(request=SpendingCapInput)
+    @extend_schema(request=SpendingCapInput, responses=api_schema.SpendingCapOutput)
     def put(self, request: Request) -> Response:
         data = self.SpendingCapInput(data=request.data)
         data.is_valid(raise_exception=True)

@@ -133,3 +133,27 @@ class StatsOutput(serializers.Serializer):
     net_tx_bytes = serializers.IntegerField()
     uptime_s = serializers.FloatField()
     process_count = serializers.IntegerField()
+
+
+class ProviderHealthOutput(serializers.Serializer):
+    ok = serializers.BooleanField()
+    detail = serializers.CharField(allow_blank=True)
+    latency_ms = serializers.FloatField(required=False, help_text="Absent when it failed.")
+
+
+class ProviderLimitsOutput(serializers.Serializer):
+    max_concurrent_sandboxes = serializers.IntegerField(help_text="For this organization.")
+    max_command_timeout_s = serializers.IntegerField()
+    max_file_bytes = serializers.IntegerField()
+    max_output_bytes = serializers.IntegerField()
+
+
+class ProviderOutput(serializers.Serializer):
+    """One entry of `providers_describe`."""
+
+    name = serializers.CharField()
+    default = serializers.BooleanField()
+    isolation = serializers.CharField(required=False, help_text="Absent when it failed.")
+    capabilities = serializers.ListField(child=serializers.CharField())
+    health = ProviderHealthOutput()
+    limits = ProviderLimitsOutput()

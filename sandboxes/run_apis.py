@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import principal_of
+from common.schema_shapes import results_of
 
 from . import api_schema, code_services, services
 from . import serializers as s
@@ -54,6 +55,7 @@ class RunApi(SandboxApi):
 
 
 class ProviderListApi(APIView):
+    @extend_schema(responses=results_of("Provider", api_schema.ProviderOutput(many=True)))
     def get(self, request: Request) -> Response:
         organization = principal_of(request).organization
         return Response({"results": services.providers_describe(organization)})
