@@ -13,11 +13,15 @@ from common.pagination import CursorlessPagination
 PAGE_PARAMETERS = [
     OpenApiParameter(
         "limit",
-        int,
+        {"type": "integer", "minimum": 1},
         description=f"At most this many results (default {CursorlessPagination.default_limit}, "
-        f"at most {CursorlessPagination.max_limit}).",
+        f"more reads as {CursorlessPagination.max_limit}).",
     ),
-    OpenApiParameter("offset", int, description="Skip this many results first (default 0)."),
+    OpenApiParameter(
+        "offset",
+        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+        description="Skip this many results first (default 0).",
+    ),
 ]
 
 

@@ -142,10 +142,7 @@ class SandboxListApi(SandboxApi):
         responses=page_of("Sandbox", s.SandboxOutput(many=True)),
         parameters=[
             *PAGE_PARAMETERS,
-            OpenApiParameter(
-                "state", str, description="Only sandboxes in this state (running, stopped, ...)."
-            ),
-            OpenApiParameter("all", bool, description="true: include destroyed sandboxes."),
+            s.SandboxListQuery,
         ],
     )
     def get(self, request: Request) -> Response:
@@ -156,11 +153,10 @@ class SandboxListApi(SandboxApi):
                 f"{', '.join(sorted(LIST_QUERY_PARAMETERS))}.",
                 code="validation_error",
             )
+        query = _validated(s.SandboxListQuery, request.query_params)
         principal = principal_of(request)
         qs = sandboxes_for_org(
-            principal.organization,
-            include_destroyed=request.query_params.get("all") in ("1", "true"),
-            state=request.query_params.get("state"),
+            principal.organization, include_destroyed=query["all"], state=query.get("state")
         )
         if principal.token is not None:
             qs = qs.filter(pk=principal.token.sandbox_id)

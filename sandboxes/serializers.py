@@ -12,7 +12,7 @@ from common.inputs import InputSerializer
 from common.outputs import DirectOutput
 
 from .code_runs import CodeRun
-from .models import Sandbox
+from .models import Sandbox, SandboxState
 from .providers.base import ExecResult, FileEntry, ProcessInfo
 
 MAX_PATH_CHARS = 4096
@@ -570,4 +570,17 @@ class TokenInput(InputSerializer):
         max_value=24 * 3600,
         default=900,
         help_text="Lifetime in seconds (default 900, at most a day).",
+    )
+
+
+class SandboxListQuery(serializers.Serializer):
+    """The list's own query parameters (pages aside)."""
+
+    state = serializers.ChoiceField(
+        choices=SandboxState.values,
+        required=False,
+        help_text="Only sandboxes in this state.",
+    )
+    all = serializers.BooleanField(
+        required=False, default=False, help_text="true: include destroyed sandboxes."
     )

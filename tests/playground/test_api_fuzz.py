@@ -33,7 +33,7 @@ from django.db import connection
 from django.test import Client
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from schemathesis import checks
+from schemathesis import GenerationMode, checks
 
 from accounts.models import Organization, User
 from accounts.services import api_key_create, organization_settings_set
@@ -45,8 +45,13 @@ from tests.servers import serving_test_database
 pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
 SEMANTIC = [checks.positive_data_acceptance]
-# A session cookie is not a credential the schema's generator knows to leave out.
-EXCLUDED = {"key": SEMANTIC, "token": SEMANTIC, "session": [*SEMANTIC, checks.ignored_auth]}
+# A session's cookie is sent as a header the schema's generator does not know of: it cannot
+# leave it out for its "without credentials" cases (the key and the token cover those).
+EXCLUDED = {
+    "key": SEMANTIC,
+    "token": SEMANTIC,
+    "session": [*SEMANTIC, checks.ignored_auth, checks.negative_data_rejection],
+}
 # Last: operations that change what the others run under (the plan, the spending cap,
 # members, keys, the organization's settings).
 ORGANIZATION_WIDE = (
@@ -144,7 +149,13 @@ def _fuzz(
     statuses: list[int] = []
     found: list[BaseException] = []
 
-    @given(case=operation.as_strategy(), aim_at_live=st.booleans())
+    @given(
+        case=st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE),
+            operation.as_strategy(GenerationMode.NEGATIVE),
+        ),
+        aim_at_live=st.booleans(),
+    )
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
@@ -217,13 +228,14 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
     assert succeeded["token"] >= 30, (succeeded, statuses)
     # Each operation's documented credentials are the ones it takes: a credential the schema
     # does not list for it is refused, whatever the generated input (404: a generated path
-    # that matches no route, before any view).
+    # that matches no route, before any view; 400: a malformed ?format=, refused in content
+    # negotiation, which DRF runs before authentication).
     scheme = {"key": "ApiKey", "session": "Session", "token": "SandboxToken"}
     for (who, label), codes in statuses.items():
         method, path = label.split(" ", 1)
         security = raw["paths"][path][method.lower()].get("security", [])
         if not any(scheme[who] in requirement for requirement in security):
-            assert 403 in codes and set(codes) <= {403, 404}, (who, label, codes)
+            assert 403 in codes and set(codes) <= {400, 403, 404}, (who, label, codes)
     for label in (
         "POST /api/v1/sandboxes",
         "POST /api/v1/sandboxes/{sandbox_id}/commands",

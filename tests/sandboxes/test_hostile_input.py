@@ -390,3 +390,39 @@ def test_an_unknown_provider_is_400_at_every_door(api_a, local_sandboxes, debug)
         error = assert_clean_error(api_a.post(path, body, format="json"), 400, "unknown_provider")
         assert "nope" in error["message"]
     assert not Sandbox.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=abc",
+        "limit=0",
+        "limit=-1",
+        "limit=1.5",
+        "limit=%EF%BC%91",  # a fullwidth digit one: isdigit() says yes, the API says no
+        "offset=-84910979",
+        "offset=null",
+        "offset=" + "9" * 19,  # past a bigint: would fail in the database
+        "limit=1&limit=2",
+        "format=",
+        "format=json&format=json",
+        "all=maybe",
+        "state=sleeping",
+    ],
+)
+def test_list_query_mistakes_are_400_not_the_default_page(api_a, local_sandboxes, debug, query):
+    """Found by the schema fuzzer's negative cases: DRF's pagination answered the default
+    page for any limit or offset it could not read, and the list read `all` and `state`
+    loosely, so a client's typo came back as data (200)."""
+    assert_clean_error(api_a.get(f"/api/v1/sandboxes?{query}"), 400)
+
+
+def test_list_queries_that_are_right_still_page(api_a, local_sandboxes):
+    for _ in range(3):
+        assert api_a.post("/api/v1/sandboxes", {}, format="json").status_code == 201
+    page = api_a.get("/api/v1/sandboxes?limit=2&offset=1&all=false&state=running").json()
+    assert page["count"] == 3 and len(page["results"]) == 2 and page["previous"]
+    # A limit past the largest page reads as the largest page, as documented.
+    assert len(api_a.get("/api/v1/sandboxes?limit=" + "9" * 30).json()["results"]) == 3
+    assert api_a.get("/api/v1/snapshots?limit=abc").status_code == 400
+    assert api_a.get("/api/v1/invoices?offset=-1").status_code == 400
