@@ -4,8 +4,10 @@ curl, httpx, requests and the SDK send `Accept: */*` (or none). DRF's negotiatio
 parses that header into media types and orders them by precedence on every request, only
 to pick the first renderer: 0.05-0.1 ms of a 2 ms API read. Here that case picks the first
 renderer directly, as DRF would; every other header (and ?format=) goes to DRF's own
-negotiation, 406 included. An empty or repeated `?format=` is a 400 here (DRF would
-ignore it and answer JSON, so a typo in a script reads as success)."""
+negotiation, 406 included. A `?format=` that is empty, repeated, not one this endpoint
+renders or not the one its path's suffix names is a 400 here (DRF would ignore the first
+and the last and answer anyway, so a typo in a script reads as success, and answer the
+third 404)."""
 
 from __future__ import annotations
 
@@ -39,9 +41,15 @@ class AnyFirstNegotiation(DefaultContentNegotiation):
             first = renderers[0]
             return first, first.media_type
         formats = request.query_params.getlist(self.settings.URL_FORMAT_OVERRIDE or "format")
-        if formats and (len(formats) > 1 or not formats[0]):
+        offered = [renderer.format for renderer in renderers]
+        if formats and (
+            len(formats) > 1
+            or formats[0] not in offered
+            or (format_suffix and formats[0] != format_suffix)
+        ):
             raise ApplicationError(
-                "format takes one value: json (csv where an endpoint offers it).",
+                f"format takes one value, here {' or '.join(offered)}"
+                + (f" (as the path's .{format_suffix} says)." if format_suffix else "."),
                 code="validation_error",
             )
         return super().select_renderer(request, renderers, format_suffix)

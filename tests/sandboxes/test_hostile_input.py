@@ -406,6 +406,7 @@ def test_an_unknown_provider_is_400_at_every_door(api_a, local_sandboxes, debug)
         "limit=1&limit=2",
         "format=",
         "format=json&format=json",
+        "format=xml",
         "all=maybe",
         "state=sleeping",
     ],
@@ -426,3 +427,7 @@ def test_list_queries_that_are_right_still_page(api_a, local_sandboxes):
     assert len(api_a.get("/api/v1/sandboxes?limit=" + "9" * 30).json()["results"]) == 3
     assert api_a.get("/api/v1/snapshots?limit=abc").status_code == 400
     assert api_a.get("/api/v1/invoices?offset=-1").status_code == 400
+    # The export's path names its format; a query saying otherwise is a mistake.
+    assert api_a.get("/api/v1/usage.csv?format=csv").status_code == 200
+    for other in ("json", "M%C3%B6"):
+        assert_clean_error(api_a.get(f"/api/v1/usage.csv?format={other}"), 400)
