@@ -8,6 +8,7 @@ from common.errors import ApplicationError
 
 # Past this, a count of rows is no count (and int() of a longer digit string is slow).
 _MAX_DIGITS = 18
+MAX_OFFSET = 10**_MAX_DIGITS - 1
 
 
 class CursorlessPagination(LimitOffsetPagination):

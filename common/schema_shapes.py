@@ -8,7 +8,7 @@ from __future__ import annotations
 from drf_spectacular.utils import OpenApiParameter, inline_serializer
 from rest_framework import serializers
 
-from common.pagination import CursorlessPagination
+from common.pagination import MAX_OFFSET, CursorlessPagination
 
 PAGE_PARAMETERS = [
     OpenApiParameter(
@@ -19,7 +19,7 @@ PAGE_PARAMETERS = [
     ),
     OpenApiParameter(
         "offset",
-        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+        {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET},
         description="Skip this many results first (default 0).",
     ),
 ]

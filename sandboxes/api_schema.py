@@ -20,7 +20,15 @@ PATH_REQUIRED_PARAM = OpenApiParameter(
     description="The file or directory: relative to /workspace, or absolute under /workspace "
     "or /tmp",
 )
-OFFSET_LIMITS = {"minimum": 0, "maximum": MAX_OFFSET}
+
+
+def byte_offset_param(name: str, description: str) -> OpenApiParameter:
+    """A query parameter counting bytes of a file or a stream: 0 to what an off_t holds."""
+    return OpenApiParameter(
+        name, {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET}, description=description
+    )
+
+
 RECURSIVE_PARAM = OpenApiParameter(
     "recursive", bool, description="Listing: the whole tree. Delete: a directory and its contents."
 )
@@ -65,16 +73,12 @@ class CompileOutput(serializers.Serializer):
     truncated = serializers.BooleanField()
 
 
-class ExecResultOutput(serializers.Serializer):
-    """`exec_result_data`: a command's result."""
+class ExecResultOutput(CompileOutput):
+    """`exec_result_data`: a command's result (a compile step's fields, and these)."""
 
     stdout = serializers.CharField(help_text="In `encoding`: utf-8 text, or base64.")
     stderr = serializers.CharField(help_text="In `encoding`: utf-8 text, or base64.")
     encoding = serializers.ChoiceField(choices=["utf-8", "base64"])
-    exit_code = serializers.IntegerField(allow_null=True)
-    duration_ms = serializers.FloatField()
-    timed_out = serializers.BooleanField()
-    truncated = serializers.BooleanField()
     stdout_truncated = serializers.BooleanField()
     stderr_truncated = serializers.BooleanField()
 

@@ -26,7 +26,7 @@ from common.schema_shapes import PAGE_PARAMETERS, page_of, results_of
 
 from . import api_schema, code_services, file_services, process_services, services
 from . import serializers as s
-from .api_schema import OFFSET_LIMITS, PATH_PARAM, PATH_REQUIRED_PARAM, RECURSIVE_PARAM
+from .api_schema import PATH_PARAM, PATH_REQUIRED_PARAM, RECURSIVE_PARAM, byte_offset_param
 from .caller import Caller
 from .idempotent_requests import once_per_key
 from .models import Sandbox
@@ -396,16 +396,8 @@ class FileContentApi(SandboxApi):
         responses={(200, "application/octet-stream"): bytes},
         parameters=[
             PATH_REQUIRED_PARAM,
-            OpenApiParameter(
-                "offset",
-                {"type": "integer", **OFFSET_LIMITS},
-                description="First byte to read (default 0).",
-            ),
-            OpenApiParameter(
-                "length",
-                {"type": "integer", **OFFSET_LIMITS},
-                description="Bytes to read (default: to the end).",
-            ),
+            byte_offset_param("offset", "First byte to read (default 0)."),
+            byte_offset_param("length", "Bytes to read (default: to the end)."),
         ],
     )
     def get(self, request: Request, sandbox_id: str) -> HttpResponse:
@@ -592,16 +584,8 @@ class ProcessOutputApi(SandboxApi):
     @extend_schema(
         responses=api_schema.BackgroundOutputOutput,
         parameters=[
-            OpenApiParameter(
-                "stdout_offset",
-                {"type": "integer", **OFFSET_LIMITS},
-                description="Bytes of stdout already read.",
-            ),
-            OpenApiParameter(
-                "stderr_offset",
-                {"type": "integer", **OFFSET_LIMITS},
-                description="Bytes of stderr already read.",
-            ),
+            byte_offset_param("stdout_offset", "Bytes of stdout already read."),
+            byte_offset_param("stderr_offset", "Bytes of stderr already read."),
             OpenApiParameter(
                 "encoding",
                 str,
