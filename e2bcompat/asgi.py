@@ -24,6 +24,7 @@ from sandboxes.terminals import terminal_manager
 
 from .filesystem import FilesystemService
 from .processes import ProcessService
+from .rpc import request_codecs
 
 PREFIX = "/e2b"
 
@@ -35,9 +36,11 @@ class E2BRouter:
         self.app = app
         # connectrpc types a scope with asgiref's TypedDicts; ASGI apps here take plain dicts.
         self.rpc: dict[str, AsgiApp] = {
-            f"{PREFIX}/process.Process/": cast(AsgiApp, ProcessASGIApplication(ProcessService())),
+            f"{PREFIX}/process.Process/": cast(
+                AsgiApp, ProcessASGIApplication(ProcessService(), codecs=request_codecs())
+            ),
             f"{PREFIX}/filesystem.Filesystem/": cast(
-                AsgiApp, FilesystemASGIApplication(FilesystemService())
+                AsgiApp, FilesystemASGIApplication(FilesystemService(), codecs=request_codecs())
             ),
         }
 

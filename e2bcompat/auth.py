@@ -49,7 +49,7 @@ def principal_from_headers(
     `X-API-Key` (a Sandpit API key), else `X-Access-Token` (a sandbox token). A credential
     that is present but invalid is refused, never skipped. Raises E2BAuthFailed."""
     secret = headers.get(API_KEY_HEADER)
-    if secret:
+    if secret is not None:
         if not secret.startswith(API_KEY_PREFIX):
             raise E2BAuthFailed("Unknown API key: use a Sandpit API key (sp_...).")
         try:

@@ -80,6 +80,27 @@ def _access_token(caller: Caller, sandbox: Any) -> str:
     return token
 
 
+LISTED_STATES = {"running", "paused"}
+
+
+def _object_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (no body: {}); a body of another type is the client's
+    mistake, not an empty request."""
+    if not isinstance(request.data, dict):
+        raise ApplicationError("The body must be a JSON object.")
+    return request.data
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    """`body[name]` when it is a `kind` (None when absent or null), else 400."""
+    value = body.get(name)
+    if value is not None and (
+        not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)
+    ):
+        raise ApplicationError(f"{name} must be {what}.")
+    return value
+
+
 def _timeout_s(value: Any) -> int | None:
     if value is None:
         return None
@@ -104,10 +125,10 @@ class SandboxesApi(E2BApi):
     def post(self, request: Request) -> HttpResponse:
         """Create; once per Idempotency-Key, as Sandpit's own create (a retry of one that
         finished gets its stored answer, Idempotent-Replayed: true, and creates nothing)."""
-        body = request.data if isinstance(request.data, dict) else {}
+        body = _object_body(request)
         principal = principal_of(request)
         provider_name, template = translate.template_resolve(
-            str(body.get("templateID") or ""), principal.organization
+            _optional(body, "templateID", str, "a template's name") or "", principal.organization
         )
 
         def create(caller: Caller) -> HttpResponse:
@@ -116,7 +137,7 @@ class SandboxesApi(E2BApi):
                 provider_name=provider_name,
                 template=template,
                 timeout_s=_timeout_s(body.get("timeout")),
-                network=body.get("allow_internet_access") is True,
+                network=_optional(body, "allow_internet_access", bool, "true or false") is True,
                 env=_string_map(body.get("envVars"), "envVars"),
                 metadata=_string_map(body.get("metadata"), "metadata"),
                 caller=caller,
@@ -131,6 +152,8 @@ class SandboxesApi(E2BApi):
 
     def get(self, request: Request) -> Response:
         states = {s for s in request.query_params.get("state", "").split(",") if s} or {"running"}
+        if not states <= LISTED_STATES:
+            raise ApplicationError("state is a comma-separated list of running and paused.")
         wanted = translate.metadata_filter(request.query_params.get("metadata"))
         principal = principal_of(request)
         found = []
@@ -164,7 +187,7 @@ class SandboxTimeoutApi(E2BApi):
 
     def post(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.live_sandbox(request, sandbox_id)
-        body = request.data if isinstance(request.data, dict) else {}
+        body = _object_body(request)
         timeout_s = _timeout_s(body.get("timeout"))
         if timeout_s is None:
             raise ApplicationError("timeout is required.")
@@ -181,7 +204,7 @@ class SandboxConnectApi(E2BApi):
 
     def post(self, request: Request, sandbox_id: str) -> Response:
         sandbox = self.live_sandbox(request, sandbox_id, paused_too=True)
-        body = request.data if isinstance(request.data, dict) else {}
+        body = _object_body(request)
         caller = self.caller(request)
         if sandbox.state != SandboxState.RUNNING:
             # E2B's connect resumes a paused sandbox: then the resume is the counted

@@ -36,7 +36,7 @@ from sandboxes.streaming import sandbox_watch_open_polled, sandbox_watch_start, 
 from sandboxes.watchers import FileWatcher, WatchSpec, file_event_data
 
 from . import translate
-from .rpc import call, envd_caller, guarded
+from .rpc import call, envd_caller, guarded, within_deadline
 from .services import e2b_watch_events, e2b_watch_remember
 
 _TYPES = {"file": pb.FileType.FILE, "dir": pb.FileType.DIRECTORY, "symlink": pb.FileType.SYMLINK}
@@ -192,7 +192,14 @@ class FilesystemService(Filesystem):
     async def watch_dir(
         self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
     ) -> AsyncIterator[pb.WatchDirResponse]:
-        """A streamed watch (counted once, 'watch.create'); it ends with the stream."""
+        """A streamed watch (counted once, 'watch.create'); it ends with the stream, or
+        at the client's deadline."""
+        async for response in within_deadline(ctx, self._watch(request, ctx)):
+            yield response
+
+    async def _watch(
+        self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchDirResponse]:
         caller, sandbox = await envd_caller(ctx)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         spec = _spec(request.path, request.recursive)

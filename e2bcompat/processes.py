@@ -52,7 +52,7 @@ from sandboxes.terminals import (
 )
 
 from . import translate
-from .rpc import call, envd_caller
+from .rpc import call, envd_caller, within_deadline
 from .services import e2b_pty_input, e2b_run_signal_authorize
 
 PTY_PID_BASE = 4_000_000
@@ -60,6 +60,7 @@ PTY_PID_BASE = 4_000_000
 pid a Linux sandbox hands out (pid_max is at most 2^22), so they never collide with a
 command's real pid."""
 _cloud_pty_pids = itertools.count(PTY_PID_BASE)
+COMMAND_END_GRACE_S = 2.0
 META_KEY = "e2b"
 MAX_META_BYTES = 3500
 """What the agent keeps with a session is small (4 KiB): a long environment or argument
@@ -429,7 +430,10 @@ class ProcessService(Process):
             process = await self._start_pty(caller, sandbox, request)
         else:
             process = await self._start_command(caller, sandbox, request, ctx)
-        async for response in _stream(process, process.listen(), pb.StartResponse):
+        # A command's own timeout (the same deadline) ends it with its end event.
+        grace_s = COMMAND_END_GRACE_S if request.pty is None else 0.0
+        events = _stream(process, process.listen(), pb.StartResponse)
+        async for response in within_deadline(ctx, events, grace_s=grace_s):
             yield response
 
     async def connect(
@@ -454,7 +458,8 @@ class ProcessService(Process):
                     since=found.offset,
                 )
                 process.follow(stream)
-        async for response in _stream(process, process.listen(), pb.ConnectResponse):
+        events = _stream(process, process.listen(), pb.ConnectResponse)
+        async for response in within_deadline(ctx, events):
             yield response
 
     async def list(self, request: pb.ListRequest, ctx: RequestContext[Any, Any]) -> pb.ListResponse:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from channels.db import database_sync_to_async
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
@@ -51,6 +53,39 @@ def connect_error(exc: Exception) -> ConnectError:
     if code in ("sandbox_not_running", "sandbox_gone") or status == 410:
         return ConnectError(Code.UNAVAILABLE, f"The sandbox was not found: {message}")
     return ConnectError(_STATUS_CODES.get(status, Code.UNAVAILABLE), message)
+
+
+class ClientMessageCodec:
+    """A codec whose undecodable request is the client's INVALID_ARGUMENT (HTTP 400), where
+    connectrpc answers UNKNOWN (HTTP 500, the server's fault) for whatever its codec raises:
+    a string where an object goes, a negative uint32, a float pid, bytes that are not JSON."""
+
+    def __init__(self, codec: Codec[Any, Any]) -> None:
+        self.codec = codec
+
+    def name(self) -> str:
+        return self.codec.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self.codec.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[T]) -> T:
+        try:
+            return self.codec.decode(data, message_class)
+        except ConnectError:
+            raise
+        # Whatever the parser raises (ValueError, TypeError, RecursionError for deep
+        # nesting...): decoding reads only the client's bytes.
+        except Exception as exc:  # noqa: BLE001
+            raise ConnectError(
+                Code.INVALID_ARGUMENT,
+                f"cannot read the {message_class.__name__} message: {exc}",
+            ) from None
+
+
+def request_codecs() -> list[Codec[Any, Any]]:
+    """connectrpc's two codecs (binary and JSON protobuf), refusing what they cannot read."""
+    return [ClientMessageCodec(proto_binary_codec()), ClientMessageCodec(proto_json_codec())]
 
 
 class _RpcRequest:
@@ -113,3 +148,34 @@ async def guarded(awaitable: Awaitable[T]) -> T:
         return await awaitable
     except CodedError as exc:
         raise connect_error(exc) from None
+
+
+async def within_deadline(
+    ctx: RequestContext[Any, Any], stream: AsyncIterator[T], *, grace_s: float = 0.0
+) -> AsyncIterator[T]:
+    """`stream`'s messages until the client's deadline (Connect-Timeout-Ms) passes, then
+    DEADLINE_EXCEEDED, as envd ends such a stream (connectrpc leaves deadlines to the
+    service). The stream is closed on the way out: a PTY or a command goes on, detached.
+    `grace_s`: for a stream whose own end comes at the deadline (a command killed by its
+    timeout), so that its end event is not cut off."""
+    if ctx.timeout_ms is None:
+        async for message in stream:
+            yield message
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.timeout_ms / 1000 + grace_s
+    try:
+        while True:
+            try:
+                message = await asyncio.wait_for(anext(stream), deadline - loop.time())
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ConnectError(
+                    Code.DEADLINE_EXCEEDED, "The request's deadline passed."
+                ) from None
+            yield message
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -3,9 +3,17 @@ e2bcompat/asgi.py, in front of Django)."""
 
 from __future__ import annotations
 
+from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 
 from . import control
+from .schema import e2b_openapi
+
+
+def openapi_document(request: HttpRequest) -> JsonResponse:
+    """GET /e2b/openapi.json: what this layer serves (public, as Sandpit's own schema)."""
+    return JsonResponse(e2b_openapi())
+
 
 urlpatterns = [
     path("sandboxes", control.SandboxesApi.as_view()),
@@ -17,5 +25,6 @@ urlpatterns = [
     path("v2/sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),
     path("files", control.FilesApi.as_view()),
     path("health", control.HealthApi.as_view()),
+    path("openapi.json", openapi_document),
     re_path(r"^.*$", control.NotSupportedApi.as_view()),
 ]

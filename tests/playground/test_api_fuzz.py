@@ -35,10 +35,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode, checks
 
-from accounts.models import Organization, User
-from accounts.services import api_key_create, organization_settings_set
-from billing import pricing
-from billing import services as billing
+from accounts.models import User
+from tests.fuzzing import FuzzedOrganization, described
 from tests.requirements import missing_part
 from tests.servers import serving_test_database
 
@@ -87,61 +85,6 @@ def _session_headers(user: User) -> dict[str, str]:
     }
 
 
-class Organization_:
-    """The fuzzed organization's credentials and one running sandbox, renewed between
-    operations: a generated case may revoke the key or destroy the sandbox."""
-
-    def __init__(self, base: str, org: Organization, owner: User) -> None:
-        self.base, self.org, self.owner = base, org, owner
-        self.sandbox_id = ""
-
-    def restore(self) -> None:
-        """Undo what the organization-wide operations' cases may have set: a spending cap
-        (every create refused 402), the plan, gVisor required (local creates refused 403)."""
-        billing.organization_spending_cap_set(organization=self.org, cap_cents=None)
-        billing.organization_plan_change(
-            organization=self.org, plan=pricing.PREMIUM, requested_by=self.owner
-        )
-        organization_settings_set(
-            actor=self.owner, organization=self.org, allow_network=False, docker_runtime=""
-        )
-
-    def key_headers(self) -> dict[str, str]:
-        secret = api_key_create(organization=self.org, name="fuzz", created_by=self.owner).secret
-        return {"Authorization": f"Bearer {secret}"}
-
-    def running_sandbox(self, headers: dict[str, str]) -> str:
-        if self.sandbox_id:
-            got = httpx.get(f"{self.base}/api/v1/sandboxes/{self.sandbox_id}", headers=headers)
-            if got.status_code == 200 and got.json()["state"] == "running":
-                return self.sandbox_id
-        self.destroy_all(headers)
-        created = httpx.post(f"{self.base}/api/v1/sandboxes", json={}, headers=headers, timeout=60)
-        assert created.status_code == 201, created.text
-        self.sandbox_id = created.json()["id"]
-        return self.sandbox_id
-
-    def token_headers(self, sandbox_id: str) -> dict[str, str]:
-        """A sandbox token for `sandbox_id` with every scope."""
-        minted = httpx.post(
-            f"{self.base}/api/v1/sandboxes/{sandbox_id}/tokens",
-            json={"scopes": ["terminal", "files", "exec", "ports"], "ttl_s": 3600},
-            headers=self.key_headers(),
-            timeout=30,
-        )
-        assert minted.status_code == 201, minted.text
-        return {"Authorization": f"Bearer {minted.json()['token']}"}
-
-    def destroy_all(self, headers: dict[str, str]) -> None:
-        listed = httpx.get(f"{self.base}/api/v1/sandboxes?limit=500", headers=headers, timeout=30)
-        assert listed.status_code == 200, listed.text
-        for sandbox in listed.json()["results"]:
-            gone = httpx.delete(
-                f"{self.base}/api/v1/sandboxes/{sandbox['id']}", headers=headers, timeout=60
-            )
-            assert gone.status_code in (200, 404), gone.text
-
-
 def _fuzz(
     operation: Any, base: str, headers: dict[str, str], sandbox_id: str, excluded: list[Any]
 ) -> tuple[list[int], list[BaseException]]:
@@ -178,17 +121,6 @@ def _fuzz(
     return statuses, found
 
 
-def _described(label: str, failures: list[BaseException]) -> dict[str, str]:
-    """One entry per distinct failure title, with Schemathesis' report (the curl to replay)."""
-    out: dict[str, str] = {}
-    for failure in failures:
-        parts = failure.exceptions if isinstance(failure, BaseExceptionGroup) else [failure]
-        for part in parts:
-            title = f"{label}: {getattr(part, 'title', type(part).__name__)}"
-            out.setdefault(title, f"{title}\n{str(failure)[:2500]}")
-    return out
-
-
 def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a, alice):  # type: ignore[no-untyped-def]
     raw = httpx.get(f"{served}/api/schema/?format=json", timeout=30).json()
     operations = [
@@ -196,7 +128,7 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
     ]
     operations.sort(key=lambda op: op.path.startswith(ORGANIZATION_WIDE))
     assert len(operations) >= 60
-    fuzzed = Organization_(served, org_a, alice)
+    fuzzed = FuzzedOrganization(served, org_a, alice)
     principals: dict[str, Callable[[str], dict[str, str]]] = {
         "key": lambda _sandbox: fuzzed.key_headers(),
         "session": lambda _sandbox: _session_headers(alice),
@@ -214,7 +146,7 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
                 headers = credentials(sandbox_id)
                 answered, found = _fuzz(operation, served, headers, sandbox_id, EXCLUDED[who])
                 statuses[(who, operation.label)] = answered
-                failures.update(_described(f"{who} {operation.label}", found))
+                failures.update(described(f"{who} {operation.label}", found))
     finally:
         fuzzed.destroy_all(fuzzed.key_headers())
 

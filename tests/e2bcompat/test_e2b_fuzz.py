@@ -1,0 +1,283 @@
+"""Fuzz the E2B-compatible API from its own OpenAPI document (Schemathesis), against the
+product's web server on this test's PostgreSQL and Redis, creating real local sandboxes.
+
+Every operation of `/e2b/openapi.json` (the control plane, envd's /files and /health, and
+every Connect RPC method) is called with Hypothesis-generated paths, queries, headers and
+bodies, valid and invalid alike, with an API key (`X-API-Key`) and with the envd access token
+of the live sandbox (`X-Access-Token`). Half the cases aim at that sandbox (its id in the
+path or `E2b-Sandbox-Id`), so the generated input reaches the providers.
+
+Unary RPCs and the HTTP endpoints get Schemathesis' checks: no server error, a documented
+status and body (errors in the E2B or Connect shape), refusal of what the schema rules out
+and of a request without credentials. Streaming RPCs take and answer Connect envelopes,
+which Schemathesis does not frame: the test generates their message from the document's
+`x-connect-stream` schema, frames it, and checks the answer itself: envelopes that parse,
+messages of the documented schema, an end of stream whose error (if any) is a Connect code
+other than internal or unknown, and an error for a message the schema rules out.
+
+Examples per operation and principal: SANDPIT_FUZZ_EXAMPLES (default 12), derandomized.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+import schemathesis
+from django.db import connection
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode, checks
+from schemathesis.core import NOT_SET
+
+from tests.fuzzing import FuzzedOrganization, described
+from tests.requirements import missing_part
+from tests.servers import serving_test_database
+
+pytestmark = pytest.mark.django_db(transaction=True)
+EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
+# Requests valid by the schema that the server refuses for rules the schema cannot state (a
+# template that exists, a path inside the sandbox, a process that runs): 4xx in the error
+# shape, which the other checks hold.
+EXCLUDED = [checks.positive_data_acceptance]
+STREAM_EXCLUDED = [*EXCLUDED, checks.negative_data_rejection]  # checked on the end of stream
+CONNECT_HEADERS = {"Connect-Protocol-Version": "1"}
+STREAM_DEADLINE_MS = 2000
+SERVER_FAULTS = {"internal", "unknown", "data_loss"}
+END_OF_STREAM = 0x02
+
+
+@pytest.fixture
+def served(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        missing_part("needs PostgreSQL and REDIS_URL")
+    with serving_test_database(
+        settings,
+        tmp_path / "server.log",
+        module="playground.webserver",
+        SANDPIT_LOCAL_WARM_POOL="2",
+    ) as (base, _root):
+        yield base
+
+
+def _streams_as_json(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with each streaming RPC's request body as its message's JSON, so that
+    Schemathesis generates the message the test then frames."""
+    generating = copy.deepcopy(document)
+    for item in generating["paths"].values():
+        for operation in item.values():
+            stream = operation.get("x-connect-stream")
+            if stream:
+                operation["requestBody"]["content"] = {
+                    "application/json": {"schema": stream["request"]}
+                }
+    return generating
+
+
+def _envelope(message: Any, flags: int = 0) -> bytes:
+    """A Connect envelope of `message` as JSON (bytes as they are: not JSON at all)."""
+    payload = message if isinstance(message, bytes) else json.dumps(message).encode()
+    return struct.pack(">BI", flags, len(payload)) + payload
+
+
+def _envelopes(body: bytes) -> list[tuple[int, Any]]:
+    """(flags, JSON) of each envelope; AssertionError if the framing is broken."""
+    found, at = [], 0
+    while at < len(body):
+        assert len(body) - at >= 5, f"a truncated envelope header at {at}: {body[at:]!r}"
+        flags, size = struct.unpack(">BI", body[at : at + 5])
+        payload = body[at + 5 : at + 5 + size]
+        assert len(payload) == size, f"an envelope of {size} bytes holds {len(payload)}"
+        found.append((flags, json.loads(payload)))
+        at += 5 + size
+    return found
+
+
+class Streams:
+    """Calls a streaming RPC with a generated message and checks the enveloped answer."""
+
+    def __init__(self, base: str, document: dict[str, Any]) -> None:
+        self.base = base
+        self.document = document
+
+    def _validator(self, schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(
+            {**schema, "components": self.document["components"]}
+        )
+
+    def call(self, case: Any, headers: dict[str, str]) -> tuple[httpx.Response, list[str]]:
+        """The answer (status, headers) and what is wrong with it."""
+        stream = case.operation.definition.raw["x-connect-stream"]
+        request_headers = {
+            **{k: str(v) for k, v in (case.headers or {}).items()},
+            **headers,
+            **CONNECT_HEADERS,
+            "Content-Type": "application/connect+json",
+            "Connect-Timeout-Ms": str(STREAM_DEADLINE_MS),
+        }
+        body = case.body if case.body is not NOT_SET else {}
+        chunks, started = [], time.monotonic()
+        try:
+            with httpx.stream(
+                "POST",
+                f"{self.base}/e2b{case.formatted_path}",
+                content=_envelope(body),
+                headers=request_headers,
+                timeout=15,
+            ) as response:
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    # A PTY's stream lasts while the shell does: hang up, as the SDK may.
+                    if time.monotonic() - started > STREAM_DEADLINE_MS / 1000 + 3:
+                        break
+        except httpx.TimeoutException:
+            silent = (
+                f"nothing for 15 s (deadline {STREAM_DEADLINE_MS} ms) after {b''.join(chunks)!r}"
+            )
+            return httpx.Response(599), [f"{silent}; sent {body!r} with {request_headers}"]
+        problems: list[str] = []
+        if response.status_code != 200:
+            if response.status_code >= 500:
+                problems.append(f"HTTP {response.status_code}: {b''.join(chunks)[:500]!r}")
+            return response, problems
+        try:
+            envelopes = _envelopes(b"".join(chunks))
+        except (AssertionError, ValueError) as broken:
+            if len(b"".join(chunks)) and time.monotonic() - started < STREAM_DEADLINE_MS / 1000 + 3:
+                problems.append(f"broken framing: {broken}")
+            return response, problems
+        answer = self._validator(stream["response"])
+        end = None
+        for flags, message in envelopes:
+            if flags & END_OF_STREAM:
+                end = message
+            else:
+                problems += [f"message {message}: {e.message}" for e in answer.iter_errors(message)]
+        if end is None:
+            return response, problems  # hung up on a live stream
+        error = end.get("error")
+        if error is not None:
+            code = error.get("code")
+            if code in SERVER_FAULTS or not isinstance(code, str):
+                problems.append(f"server fault at end of stream: {error}")
+        elif isinstance(body, bytes) or not self._validator(stream["request"]).is_valid(body):
+            problems.append(f"accepted a message the schema rules out: {body!r}")
+        return response, problems
+
+
+def _fuzz(
+    operation: Any,
+    base: str,
+    headers: dict[str, str],
+    sandbox_id: str,
+    streams: Streams,
+) -> tuple[list[int], list[BaseException]]:
+    statuses: list[int] = []
+    found: list[BaseException] = []
+    streaming = "x-connect-stream" in operation.definition.raw
+    rpc = operation.path.startswith(("/process.", "/filesystem."))
+
+    @given(
+        case=st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE),
+            operation.as_strategy(GenerationMode.NEGATIVE),
+        ),
+        aim_at_live=st.booleans(),
+    )
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
+    def run(case: Any, aim_at_live: bool) -> None:
+        if aim_at_live:
+            if "sandboxID" in (case.path_parameters or {}):
+                case.path_parameters["sandboxID"] = sandbox_id
+            if case.headers is not None and "E2b-Sandbox-Id" in case.headers:
+                case.headers["E2b-Sandbox-Id"] = sandbox_id
+        if streaming:
+            response, problems = streams.call(case, headers)
+            statuses.append(response.status_code)
+            if problems:
+                found.append(AssertionError(f"{case.formatted_path}: " + "; ".join(problems)))
+            return
+        sent = {**headers, **(CONNECT_HEADERS if rpc else {})}
+        answer = case.call(base_url=f"{base}/e2b", headers=sent, timeout=60)
+        statuses.append(answer.status_code)
+        try:
+            case.validate_response(answer, excluded_checks=EXCLUDED)
+        except (AssertionError, BaseExceptionGroup) as failure:
+            found.append(failure)
+
+    run()
+    return statuses, found
+
+
+def _access_token(base: str, key: str, sandbox_id: str) -> str:
+    connected = httpx.post(
+        f"{base}/e2b/sandboxes/{sandbox_id}/connect",
+        json={},
+        headers={"X-API-Key": key},
+        timeout=30,
+    )
+    assert connected.status_code == 200, connected.text
+    return str(connected.json()["envdAccessToken"])
+
+
+def test_every_e2b_operation_holds_up_to_generated_input(served, org_a, alice):  # type: ignore[no-untyped-def]
+    document = httpx.get(f"{served}/e2b/openapi.json", timeout=30).json()
+    generating = _streams_as_json(document)
+    operations = [
+        result.ok() for result in schemathesis.openapi.from_dict(generating).get_all_operations()
+    ]
+    # Destroying and pausing last: the others' cases run on a live sandbox.
+    operations.sort(key=lambda op: op.method.upper() == "DELETE" or op.path.endswith("/pause"))
+    assert len(operations) >= 30
+    fuzzed = FuzzedOrganization(served, org_a, alice)
+    streams = Streams(served, document)
+    failures: dict[str, str] = {}
+    statuses: dict[tuple[str, str], list[int]] = {}
+    try:
+        for operation in operations:
+            for who in ("key", "token"):
+                fuzzed.restore()
+                key = fuzzed.key_secret()
+                sandbox_id = fuzzed.running_sandbox({"Authorization": f"Bearer {key}"})
+                headers = (
+                    {"X-API-Key": key}
+                    if who == "key"
+                    else {"X-Access-Token": _access_token(served, key, sandbox_id)}
+                )
+                answered, found = _fuzz(operation, served, headers, sandbox_id, streams)
+                statuses[(who, operation.label)] = answered
+                failures.update(described(f"{who} {operation.label}", found))
+    finally:
+        fuzzed.destroy_all(fuzzed.key_headers())
+
+    assert not failures, "\n\n".join(failures.values())
+    succeeded = collections.Counter(
+        who for (who, _), codes in statuses.items() for code in codes if code < 300
+    )
+    assert succeeded["key"] >= 60 and succeeded["token"] >= 40, (succeeded, statuses)
+    for label in (
+        "POST /sandboxes",
+        "POST /files",
+        "POST /filesystem.Filesystem/ListDir",
+        "POST /process.Process/List",
+    ):
+        assert any(code < 300 for code in statuses[("key", label)]), (
+            label,
+            statuses[("key", label)],
+        )
