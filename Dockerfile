@@ -27,7 +27,7 @@ RUN python3 -m venv --without-pip /opt/venv \
  && /opt/venv/bin/python "$pip_wheel/pip" install --no-cache-dir --no-index \
         --find-links /tmp/wheelhouse -r /tmp/wheelhouse/requirements.txt \
  && rm -rf /tmp/wheelhouse \
- && /opt/venv/bin/python -c "import django, celery, daphne, channels_redis, psycopg, docker"
+ && /opt/venv/bin/python -c "import django, celery, daphne, channels_redis, psycopg, docker, e2b, connectrpc, pydantic"
 
 COPY app/ /app/
 WORKDIR /app

@@ -26,10 +26,11 @@ from sandboxes.caller import Caller
 from sandboxes.idempotent_requests import once_per_key
 from sandboxes.models import Sandbox, SandboxState
 from sandboxes.providers.base import FileNotFound
-from sandboxes.selectors import sandbox_get_for_principal, sandboxes_for_org
+from sandboxes.selectors import sandbox_get_for_principal
 
 from . import translate
 from .auth import ENVD_SCOPES, SANDBOX_ID_HEADER, E2BAuthentication
+from .listing import listing_read, sandboxes_listed
 
 
 def e2b_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -80,9 +81,6 @@ def _access_token(caller: Caller, sandbox: Any) -> str:
     return token
 
 
-LISTED_STATES = {"running", "paused"}
-
-
 def _object_body(request: Request) -> dict[str, Any]:
     """The request's JSON object (no body: {}); a body of another type is the client's
     mistake, not an empty request."""
@@ -122,6 +120,8 @@ def _string_map(value: Any, name: str) -> dict[str, str]:
 class SandboxesApi(E2BApi):
     """POST /v2/sandboxes (and /sandboxes): create. GET /v2/sandboxes (and /sandboxes): list."""
 
+    paged = False  # GET /v2/sandboxes: True (urls.py)
+
     def post(self, request: Request) -> HttpResponse:
         """Create; once per Idempotency-Key, as Sandpit's own create (a retry of one that
         finished gets its stored answer, Idempotent-Replayed: true, and creates nothing)."""
@@ -151,22 +151,12 @@ class SandboxesApi(E2BApi):
         return once_per_key(request, create)
 
     def get(self, request: Request) -> Response:
-        states = {s for s in request.query_params.get("state", "").split(",") if s} or {"running"}
-        if not states <= LISTED_STATES:
-            raise ApplicationError("state is a comma-separated list of running and paused.")
-        wanted = translate.metadata_filter(request.query_params.get("metadata"))
-        principal = principal_of(request)
-        found = []
-        listed = [SandboxState.RUNNING] if "running" in states else []
-        if "paused" in states:
-            listed += list(translate.HELD_STATES)
-        for sandbox in sandboxes_for_org(principal.organization).filter(state__in=listed):
-            if not principal.allows_sandbox(sandbox.id):
-                continue
-            metadata = sandbox.metadata or {}
-            if all(str(metadata.get(k)) == v for k, v in wanted.items()):
-                found.append(translate.sandbox_listed(sandbox))
-        return Response(found)
+        """E2B's list query (listing.py); the v2 list answers pages, the next one's token in
+        `x-next-token`."""
+        listing = listing_read(request.query_params, paged=self.paged)
+        page, next_token = sandboxes_listed(principal_of(request), listing)
+        headers = {"x-next-token": next_token} if next_token else None
+        return Response(page, headers=headers)
 
 
 class SandboxApi(E2BApi):

@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
 from . import translate
+from .listing import MAX_PAGE, STATES_PATTERN
 
 Schema = dict[str, Any]
 _REF = "#/components/schemas/"
@@ -175,6 +176,29 @@ _ENVD_SANDBOX = {
 _PATH = {"name": "path", "in": "query", "required": True, "schema": {"type": "string"}}
 
 
+def _query(name: str, schema: Schema, description: str) -> Schema:
+    return {"name": name, "in": "query", "schema": schema, "description": description}
+
+
+LIST_PARAMETERS = [
+    _query("metadata", {"type": "string"}, "Form-encoded key=value pairs each sandbox has."),
+    _query(
+        "state",
+        {"type": "string", "pattern": STATES_PATTERN},
+        "Comma-separated: running, paused (none: running).",
+    ),
+    _query("startedAfter", {"type": "string", "format": "date-time"}, "Started at or after."),
+    _query("template", {"type": "string"}, "A template's id or name."),
+    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "By creation (default desc)."),
+    _query(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+        f"Page size (v2: {MAX_PAGE} when absent; v1: every sandbox).",
+    ),
+    _query("nextToken", {"type": "string"}, "The x-next-token of the previous page."),
+]
+
+
 def _json(schema: Schema) -> Schema:
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -206,25 +230,19 @@ def _control_paths() -> dict[str, Schema]:
             "The organization's sandboxes.",
             {"type": "array", "items": _ref("ListedSandbox")},
         ),
-        parameters=[
-            {
-                "name": "metadata",
-                "in": "query",
-                "schema": {"type": "string"},
-                "description": "Form-encoded key=value pairs every listed sandbox has.",
-            },
-            {
-                "name": "state",
-                "in": "query",
-                "style": "form",
-                "explode": False,
-                "schema": {
-                    "type": "array",
-                    "items": {"type": "string", "enum": ["running", "paused"]},
-                },
-            },
-        ],
+        parameters=LIST_PARAMETERS,
     )
+    paged = _answer(
+        "200",
+        "A page of the organization's sandboxes, newest first unless order=asc.",
+        {"type": "array", "items": _ref("ListedSandbox")},
+    )
+    paged["200"]["headers"] = {
+        "x-next-token": {
+            "description": "The next page's nextToken; absent on the last page.",
+            "schema": {"type": "string"},
+        }
+    }
     one = [_SANDBOX_ID]
     connect = _operation(
         "connectSandbox",
@@ -236,7 +254,7 @@ def _control_paths() -> dict[str, Schema]:
         "/sandboxes": {"post": create, "get": listing},
         "/v2/sandboxes": {
             "post": {**create, "operationId": "createSandboxV2"},
-            "get": {**listing, "operationId": "listSandboxesV2"},
+            "get": {**listing, "operationId": "listSandboxesV2", "responses": paged},
         },
         "/sandboxes/{sandboxID}": {
             "get": _operation(

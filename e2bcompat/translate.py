@@ -57,6 +57,13 @@ def template_resolve(
     )
 
 
+def template_matches(wanted: str, listed: str) -> bool:
+    """Whether a sandbox listed with E2B template id `listed` is one of `wanted` (a name,
+    with or without a tag): E2B's base templates are all Sandpit's default one, 'base'."""
+    name = wanted.split(":", 1)[0]
+    return listed == ("base" if name in BASE_TEMPLATES else name)
+
+
 def sandbox_path(path: str) -> str:
     """An E2B path as Sandpit's providers take it: /home/user/... onto /workspace/...,
     relative paths relative to the workspace, other absolute paths as they are."""

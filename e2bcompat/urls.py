@@ -17,7 +17,7 @@ def openapi_document(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("sandboxes", control.SandboxesApi.as_view()),
-    path("v2/sandboxes", control.SandboxesApi.as_view()),
+    path("v2/sandboxes", control.SandboxesApi.as_view(paged=True)),
     path("sandboxes/<str:sandbox_id>", control.SandboxApi.as_view()),
     path("sandboxes/<str:sandbox_id>/timeout", control.SandboxTimeoutApi.as_view()),
     path("sandboxes/<str:sandbox_id>/connect", control.SandboxConnectApi.as_view()),

@@ -108,3 +108,14 @@ def test_app_image_builds_and_passes_django_checks():
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert "no issues" in check.stdout
+    # What the web service serves: `check` does not import the ASGI application (the E2B
+    # layer's RPC services among it), which needs more than the models and URLs.
+    served = subprocess.run(
+        ["docker", "run", "--rm", "-e", "DJANGO_ENV=production",
+         "-e", "DJANGO_SECRET_KEY=" + "k" * 60, "-e", "DJANGO_ALLOWED_HOSTS=sandpit.test",
+         tag, "python", "-c",
+         "import django; django.setup(); import playground.asgi; print('asgi imported')"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert "asgi imported" in served.stdout
