@@ -43,6 +43,9 @@ class ListQuery(serializers.Serializer[Any]):
     nextToken = serializers.CharField(required=False)  # noqa: N815 - E2B's name
 
 
+NOT_BLANK = ("startedAfter", "order", "limit", "nextToken")
+
+
 @dataclass(frozen=True)
 class Listing:
     states: frozenset[str]
@@ -75,6 +78,11 @@ def _position(token: str) -> tuple[str, str]:
 def listing_read(params: QueryDict, *, paged: bool) -> Listing:
     """The list query of `params`; 400 for anything E2B's API would not take. `paged`: the
     v2 list (a page of at most 100); the v1 list answers every sandbox at once."""
+    # DRF reads an empty query value as an absent one (form data's rule): limit= would be
+    # the default page, not the client's mistake.
+    for name in NOT_BLANK:
+        if params.get(name) == "":
+            raise ApplicationError(f"{name} is empty.")
     query = ListQuery(data=params)
     query.is_valid(raise_exception=True)
     data = query.validated_data

@@ -83,6 +83,9 @@ def test_pages_filters_and_order(key_a, key_b, local_sandboxes):  # type: ignore
     "query",
     [
         {"limit": 0},
+        {"limit": ""},
+        {"startedAfter": ""},
+        {"order": ""},
         {"limit": 101},
         {"limit": "ten"},
         {"order": "newest"},
