@@ -3,12 +3,24 @@ operation's cases, and their failures reported once each."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import httpx
+from django.db import connection
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 
 from accounts.models import Organization, User
 from accounts.services import api_key_create, organization_settings_set
 from billing import pricing
 from billing import services as billing
+from tests.requirements import missing_part
+from tests.servers import serving_test_database
 
 
 class FuzzedOrganization:
@@ -78,3 +90,57 @@ def described(label: str, failures: list[BaseException]) -> dict[str, str]:
             title = f"{label}: {getattr(part, 'title', type(part).__name__)}"
             out.setdefault(title, f"{title}\n{str(failure)[:2500]}")
     return out
+
+
+EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
+"""Cases per operation and principal; derandomized, so CI runs the same ones each time."""
+
+
+def each_generated_case(operation: Any, check: Callable[[Any, bool], None]) -> None:
+    """`check(case, aim_at_live)` on EXAMPLES of the operation's generated cases, valid and
+    invalid (Schemathesis' negative data) alike; `aim_at_live`: half of them, to point the
+    case's sandbox at the live one."""
+
+    @given(
+        case=st.one_of(
+            operation.as_strategy(GenerationMode.POSITIVE),
+            operation.as_strategy(GenerationMode.NEGATIVE),
+        ),
+        aim_at_live=st.booleans(),
+    )
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],
+    )
+    def run(case: Any, aim_at_live: bool) -> None:
+        check(case, aim_at_live)
+
+    run()
+
+
+@contextmanager
+def fuzzed_server(settings: Any, tmp_path: Path) -> Iterator[str]:
+    """The product's web server on this test's PostgreSQL and Redis (local provider, a warm
+    pool of two): its URL."""
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        missing_part("needs PostgreSQL and REDIS_URL")
+    with serving_test_database(
+        settings,
+        tmp_path / "server.log",
+        module="playground.webserver",
+        SANDPIT_LOCAL_WARM_POOL="2",
+    ) as (base, _root):
+        yield base
+
+
+def successes_by_principal(statuses: dict[tuple[str, str], list[int]]) -> dict[str, int]:
+    """2xx answers per principal, of the statuses kept per (principal, operation): what shows
+    the cases reached past authentication and validation."""
+    counted: dict[str, int] = {}
+    for (who, _label), codes in statuses.items():
+        counted[who] = counted.get(who, 0) + sum(code < 300 for code in codes)
+    return counted

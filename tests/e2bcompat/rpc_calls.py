@@ -43,11 +43,15 @@ def envelope(message: Any) -> bytes:
 
 
 def envelopes(body: bytes) -> list[tuple[int, Any]]:
-    """(flags, JSON) of each envelope of a streamed answer."""
+    """(flags, JSON) of each envelope of a streamed answer; AssertionError if the framing is
+    broken."""
     found, at = [], 0
     while at < len(body):
+        assert len(body) - at >= 5, f"a truncated envelope header at {at}: {body[at:]!r}"
         flags, size = struct.unpack(">BI", body[at : at + 5])
-        found.append((flags, json.loads(body[at + 5 : at + 5 + size])))
+        payload = body[at + 5 : at + 5 + size]
+        assert len(payload) == size, f"an envelope of {size} bytes holds {len(payload)}"
+        found.append((flags, json.loads(payload)))
         at += 5 + size
     return found
 

@@ -21,11 +21,7 @@ Examples per operation and principal: SANDPIT_FUZZ_EXAMPLES (default 12), derand
 
 from __future__ import annotations
 
-import collections
 import copy
-import json
-import os
-import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,18 +30,19 @@ import httpx
 import jsonschema
 import pytest
 import schemathesis
-from django.db import connection
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode, checks
+from schemathesis import checks
 from schemathesis.core import NOT_SET
 
-from tests.fuzzing import FuzzedOrganization, described
-from tests.requirements import missing_part
-from tests.servers import serving_test_database
+from tests.e2bcompat.rpc_calls import envelope, envelopes
+from tests.fuzzing import (
+    FuzzedOrganization,
+    described,
+    each_generated_case,
+    fuzzed_server,
+    successes_by_principal,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
 # Requests valid by the schema that the server refuses for rules the schema cannot state (a
 # template that exists, a path inside the sandbox, a process that runs): 4xx in the error
 # shape, which the other checks hold.
@@ -63,14 +60,7 @@ END_OF_STREAM = 0x02
 
 @pytest.fixture
 def served(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    if not settings.REDIS_URL or connection.vendor != "postgresql":
-        missing_part("needs PostgreSQL and REDIS_URL")
-    with serving_test_database(
-        settings,
-        tmp_path / "server.log",
-        module="playground.webserver",
-        SANDPIT_LOCAL_WARM_POOL="2",
-    ) as (base, _root):
+    with fuzzed_server(settings, tmp_path) as base:
         yield base
 
 
@@ -86,25 +76,6 @@ def _streams_as_json(document: dict[str, Any]) -> dict[str, Any]:
                     "application/json": {"schema": stream["request"]}
                 }
     return generating
-
-
-def _envelope(message: Any, flags: int = 0) -> bytes:
-    """A Connect envelope of `message` as JSON (bytes as they are: not JSON at all)."""
-    payload = message if isinstance(message, bytes) else json.dumps(message).encode()
-    return struct.pack(">BI", flags, len(payload)) + payload
-
-
-def _envelopes(body: bytes) -> list[tuple[int, Any]]:
-    """(flags, JSON) of each envelope; AssertionError if the framing is broken."""
-    found, at = [], 0
-    while at < len(body):
-        assert len(body) - at >= 5, f"a truncated envelope header at {at}: {body[at:]!r}"
-        flags, size = struct.unpack(">BI", body[at : at + 5])
-        payload = body[at + 5 : at + 5 + size]
-        assert len(payload) == size, f"an envelope of {size} bytes holds {len(payload)}"
-        found.append((flags, json.loads(payload)))
-        at += 5 + size
-    return found
 
 
 class Streams:
@@ -135,7 +106,7 @@ class Streams:
             with httpx.stream(
                 "POST",
                 f"{self.base}/e2b{case.formatted_path}",
-                content=_envelope(body),
+                content=envelope(body),
                 headers=request_headers,
                 timeout=15,
             ) as response:
@@ -155,14 +126,14 @@ class Streams:
                 problems.append(f"HTTP {response.status_code}: {b''.join(chunks)[:500]!r}")
             return response, problems
         try:
-            envelopes = _envelopes(b"".join(chunks))
+            answered = envelopes(b"".join(chunks))
         except (AssertionError, ValueError) as broken:
             if len(b"".join(chunks)) and time.monotonic() - started < STREAM_DEADLINE_MS / 1000 + 3:
                 problems.append(f"broken framing: {broken}")
             return response, problems
         answer = self._validator(stream["response"])
         end = None
-        for flags, message in envelopes:
+        for flags, message in answered:
             if flags & END_OF_STREAM:
                 end = message
             else:
@@ -191,21 +162,6 @@ def _fuzz(
     streaming = "x-connect-stream" in operation.definition.raw
     rpc = operation.path.startswith(("/process.", "/filesystem."))
 
-    @given(
-        case=st.one_of(
-            operation.as_strategy(GenerationMode.POSITIVE),
-            operation.as_strategy(GenerationMode.NEGATIVE),
-        ),
-        aim_at_live=st.booleans(),
-    )
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.explicit, Phase.generate],
-    )
     def run(case: Any, aim_at_live: bool) -> None:
         if aim_at_live:
             if "sandboxID" in (case.path_parameters or {}):
@@ -226,7 +182,7 @@ def _fuzz(
         except (AssertionError, BaseExceptionGroup) as failure:
             found.append(failure)
 
-    run()
+    each_generated_case(operation, run)
     return statuses, found
 
 
@@ -272,14 +228,21 @@ def test_every_e2b_operation_holds_up_to_generated_input(served, org_a, alice): 
         fuzzed.destroy_all(fuzzed.key_headers())
 
     assert not failures, "\n\n".join(failures.values())
-    succeeded = collections.Counter(
-        who for (who, _), codes in statuses.items() for code in codes if code < 300
-    )
+    succeeded = successes_by_principal(statuses)
     assert succeeded["key"] >= 60 and succeeded["token"] >= 40, (succeeded, statuses)
+    # The generated messages reached the services on the live sandbox, not only the codec.
+    unary = {
+        f"POST {path}"
+        for path, item in document["paths"].items()
+        if "." in path and "x-connect-stream" not in item["post"]
+    }
+    rpc_done = {
+        label for (_who, label), codes in statuses.items() if label in unary and 200 in codes
+    }
+    assert len(rpc_done) >= 4, (rpc_done, statuses)
     for label in (
         "POST /sandboxes",
         "POST /files",
-        "POST /filesystem.Filesystem/ListDir",
         "POST /process.Process/List",
     ):
         assert any(code < 300 for code in statuses[("key", label)]), (

@@ -21,27 +21,25 @@ runs the same cases each time; raise it by hand for a longer hunt.
 
 from __future__ import annotations
 
-import collections
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 import schemathesis
-from django.db import connection
 from django.test import Client
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode, checks
+from schemathesis import checks
 
 from accounts.models import User
-from tests.fuzzing import FuzzedOrganization, described
-from tests.requirements import missing_part
-from tests.servers import serving_test_database
+from tests.fuzzing import (
+    FuzzedOrganization,
+    described,
+    each_generated_case,
+    fuzzed_server,
+    successes_by_principal,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "12"))
 SEMANTIC = [checks.positive_data_acceptance]
 # A session's cookie is sent as a header the schema's generator does not know of: it cannot
 # leave it out for its "without credentials" cases (the key and the token cover those).
@@ -62,14 +60,7 @@ ORGANIZATION_WIDE = (
 
 @pytest.fixture
 def served(transactional_db, settings, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    if not settings.REDIS_URL or connection.vendor != "postgresql":
-        missing_part("needs PostgreSQL and REDIS_URL")
-    with serving_test_database(
-        settings,
-        tmp_path / "server.log",
-        module="playground.webserver",
-        SANDPIT_LOCAL_WARM_POOL="2",
-    ) as (base, _root):
+    with fuzzed_server(settings, tmp_path) as base:
         yield base
 
 
@@ -92,21 +83,6 @@ def _fuzz(
     statuses: list[int] = []
     found: list[BaseException] = []
 
-    @given(
-        case=st.one_of(
-            operation.as_strategy(GenerationMode.POSITIVE),
-            operation.as_strategy(GenerationMode.NEGATIVE),
-        ),
-        aim_at_live=st.booleans(),
-    )
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.explicit, Phase.generate],
-    )
     def run(case: Any, aim_at_live: bool) -> None:
         if aim_at_live and "sandbox_id" in (case.path_parameters or {}):
             case.path_parameters["sandbox_id"] = sandbox_id
@@ -117,7 +93,7 @@ def _fuzz(
         except (AssertionError, BaseExceptionGroup) as failure:
             found.append(failure)
 
-    run()
+    each_generated_case(operation, run)
     return statuses, found
 
 
@@ -153,9 +129,7 @@ def test_every_operation_of_the_schema_holds_up_to_generated_input(served, org_a
     assert not failures, "\n\n".join(failures.values())
     # The cases reached past authentication and validation: every principal had operations
     # answered 2xx, and sandbox operations aimed at the live sandbox did work there.
-    succeeded = collections.Counter(
-        who for (who, _), codes in statuses.items() for code in codes if code < 300
-    )
+    succeeded = successes_by_principal(statuses)
     assert succeeded["key"] >= 100 and succeeded["session"] >= 100, (succeeded, statuses)
     assert succeeded["token"] >= 30, (succeeded, statuses)
     # Each operation's documented credentials are the ones it takes: a credential the schema
