@@ -10,6 +10,8 @@ from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from common.parsers import client_json
+
 from .auth import RealtimeDenied
 
 NO_CHANNEL_LAYER = "__sandpit_none__"
@@ -97,9 +99,10 @@ class OutboundConsumer(AsyncWebsocketConsumer):
 
     def parse_json(self, text: str) -> dict[str, Any] | None:
         try:
-            message = json.loads(text)
-        except ValueError:
-            message = None
+            message = client_json(text)
+        except ValueError as exc:
+            self.error("invalid_message", f"Send a JSON object with a 'type' ({exc}).")
+            return None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             self.error("invalid_message", "Send a JSON object with a 'type'.")
             return None

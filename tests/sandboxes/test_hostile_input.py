@@ -59,6 +59,29 @@ def test_deeply_nested_json_is_400(api_a, sandbox_a, debug):
     assert "nest" in error["message"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"metadata": {"n": 1e999}}',
+        b'{"metadata": {"n": -1e400}}',
+        b'{"timeout_s": NaN}',
+        b'{"metadata": {"n": Infinity}}',
+        b'{"metadata": {"n": "\xff"}}',
+    ],
+)
+def test_json_no_handler_can_use_is_400(api_a, key_a, debug, body):  # type: ignore[no-untyped-def]
+    """Numbers past a double read as infinity, NaN and Infinity, bytes that are not UTF-8:
+    malformed, at the API and on the E2B layer alike (one reader, common.parsers), before any
+    sandbox is made."""
+    error = assert_clean_error(post_raw(api_a, "/api/v1/sandboxes", body), 400, "malformed_request")
+    assert error["message"].startswith("JSON parse error - ")
+    e2b = APIClient().generic(
+        "POST", "/e2b/v2/sandboxes", body, content_type="application/json", HTTP_X_API_KEY=key_a
+    )
+    assert e2b.status_code == 400 and e2b.json()["error"]["code"] == "malformed_request"
+    assert not Sandbox.objects.exists()
+
+
 def test_reasonable_nesting_still_parses(api_a, sandbox_a):
     metadata = {"a": {"b": {"c": {"d": [1, [2, [3]]]}}}}
     created = api_a.post("/api/v1/sandboxes", {"metadata": metadata}, format="json")
