@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection
 
 from .conftest import open_terminal
@@ -105,3 +107,58 @@ def test_hostile_frames_get_an_error_and_the_socket_goes_on(server, rt_api_a, ke
                     break
     log = server.log.read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+FIELDS = {
+    "terminal": (["input", "resize", "ping"], ["data", "cols", "rows"]),
+    "exec": (
+        ["run", "attach", "stdin", "stdin_close", "signal", "cancel"],
+        ["id", "command", "args", "code", "language", "env", "timeout_s", "data", "eof", "signal"],
+    ),
+    "events": (
+        ["watch", "unwatch"],
+        ["id", "path", "recursive", "ignore", "debounce_ms", "resume"],
+    ),
+}
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _messages(which: str) -> st.SearchStrategy[dict[str, Any]]:
+    kinds, fields = FIELDS[which]
+    return st.builds(
+        lambda kind, extra: {**extra, "type": kind},
+        st.sampled_from(kinds) | st.text(max_size=10),
+        st.dictionaries(st.sampled_from(fields), JSON_VALUES, max_size=len(fields)),
+    )
+
+
+@pytest.mark.parametrize("which", ["terminal", "exec", "events"])
+def test_generated_messages_never_break_the_socket(server, rt_api_a, key_a, sbx_a, which):  # type: ignore[no-untyped-def]
+    """Hypothesis-generated messages of each socket's own types and fields, with values of
+    any JSON type, in batches of ten then a ping: the socket answers every batch."""
+    with _socket(server, key_a, rt_api_a, sbx_a, which) as ws:
+        _until_pong(ws)
+
+        @given(batch=st.lists(_messages(which), min_size=10, max_size=10))
+        @settings(
+            max_examples=8,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def send(batch: list[dict[str, Any]]) -> None:
+            for message in batch:
+                ws.send(json.dumps(message))
+            for answer in _until_pong(ws, timeout=30):
+                if answer.get("type") == "error":
+                    assert {"code", "message"} <= set(answer), answer
+
+        send()
+    assert "Traceback" not in server.log.read_text()
