@@ -408,3 +408,24 @@ def test_a_burst_grows_the_pool_then_it_shrinks_back(monkeypatch):  # type: igno
         for provider_id in made:
             provider.destroy(provider_id)
         provider.close()
+
+
+def test_a_deep_agent_directory_still_lets_creates_claim(tmp_path):  # type: ignore[no-untyped-def]
+    """The claim's probe of the agent's socket reached it by path, which fails past
+    sun_path's 107 bytes ('AF_UNIX path too long'): with the server's var directory deep in
+    the filesystem (a CI checkout) every claim dropped its container and started cold."""
+    image = docker_provider_or_skip().image
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    provider = DockerProvider(
+        image=image, installation=TEST_INSTALLATION, pool_size=1, agent_dir=deep
+    )
+    try:
+        idle = full_pool(provider)
+        socket_path = provider._agent_socket_path(idle[0])  # noqa: SLF001
+        assert socket_path is not None and len(str(socket_path).encode()) > 107
+        handle = provider.create(SandboxSpec(sandbox_id=new_id()))
+        assert handle.provider_id == idle[0]  # claimed, not dropped for a cold start
+        assert sh(provider, handle.provider_id, "echo claimed") == "claimed\n"
+        provider.destroy(handle.provider_id)
+    finally:
+        provider.close()

@@ -7,7 +7,6 @@ files, background processes, terminals, ports and watches.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from sandboxes.providers.base import (
     ResourceExhausted,
     SandboxGone,
 )
+from sandboxes.providers.unix_sockets import reachable_path
 
 from .container import AGENT_SOCKET, GVISOR, MAX_PATH_BYTES, WORKSPACE, AgentTarget
 from .errors import translate
@@ -90,13 +90,9 @@ class DockerOperations(AgentOperations):
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(timeout)
-            dir_fd = None
             try:
-                path = str(target.socket_dir / "agent.sock")
-                if len(path.encode()) > 100:  # sun_path holds 107 bytes: go through the dir
-                    dir_fd = os.open(target.socket_dir, os.O_PATH | os.O_DIRECTORY)
-                    path = f"/proc/self/fd/{dir_fd}/agent.sock"
-                sock.connect(path)
+                with reachable_path(target.socket_dir / "agent.sock") as path:
+                    sock.connect(path)
                 return sock
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 sock.close()
@@ -109,9 +105,6 @@ class DockerOperations(AgentOperations):
             except OSError as exc:
                 sock.close()
                 raise self._lost_target(target, exc) from None
-            finally:
-                if dir_fd is not None:
-                    os.close(dir_fd)
 
     def _check_agent_starting(
         self, target: AgentTarget, deadline: float, exc: Exception, ask_engine: bool

@@ -75,6 +75,7 @@ from sandboxes.providers.base import (
     SandboxState,
 )
 from sandboxes.providers.burst_sizing import BurstSizing
+from sandboxes.providers.unix_sockets import reachable_path
 
 from .claims import (
     LEASE_S,
@@ -316,7 +317,8 @@ class DockerPool:
         if sock_path is not None:  # a dead container's agent no longer listens: cheap check
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
-                probe.connect(str(sock_path))
+                with reachable_path(sock_path) as path:
+                    probe.connect(path)
         pool_name = f"{provider.label_prefix}-{provider.installation}-{warm.pool_id}"
         name = f"{provider.label_prefix}-{provider.installation}-{spec.sandbox_id}"
         with translate(warm.cid):

@@ -5,7 +5,6 @@ watches that run host-side on the workspace (files.py, watch.py).
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -23,6 +22,7 @@ from sandboxes.providers.base import (
 from sandboxes.providers.local import jail, jail_cgroups
 from sandboxes.providers.local.files import JAIL_WORKSPACE, Workspace
 from sandboxes.providers.local.watch import WorkspaceWatch
+from sandboxes.providers.unix_sockets import reachable_path
 
 
 class JailOperations(AgentOperations):
@@ -102,23 +102,14 @@ class JailOperations(AgentOperations):
         run_dir = self._dir(provider_id) / "run"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
-        dir_fd = None
         try:
-            target = str(run_dir / "agent.sock")
-            if len(target.encode()) > 100:
-                # Unix socket paths are limited to 107 bytes; reach a deep root through a
-                # descriptor of its directory instead.
-                dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
-                target = f"/proc/self/fd/{dir_fd}/agent.sock"
-            _connect_patiently(sock, target, timeout)
+            with reachable_path(run_dir / "agent.sock") as target:
+                _connect_patiently(sock, target, timeout)
         except OSError:
             sock.close()
             if not (self.root_dir / provider_id).exists():
                 raise SandboxGone(f"no sandbox {provider_id!r}") from None
             raise SandboxGone(f"sandbox {provider_id} is stopped") from None
-        finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
         return sock
 
     def _lost(self, provider_id: str, exc: Exception) -> ProviderError:
