@@ -77,14 +77,21 @@ def _session_headers(user: User) -> dict[str, str]:
 
 
 def _fuzz(
-    operation: Any, base: str, headers: dict[str, str], sandbox_id: str, excluded: list[Any]
+    operation: Any,
+    base: str,
+    headers: dict[str, str],
+    sandbox_id: str,
+    excluded: list[Any],
+    *,
+    always_aim: bool = False,
 ) -> tuple[list[int], list[BaseException]]:
-    """Run the operation's generated cases; the statuses answered and the failures found."""
+    """Run the operation's generated cases; the statuses answered and the failures found.
+    `always_aim`: every case at `sandbox_id` (else half of them)."""
     statuses: list[int] = []
     found: list[BaseException] = []
 
     def run(case: Any, aim_at_live: bool) -> None:
-        if aim_at_live and "sandbox_id" in (case.path_parameters or {}):
+        if (aim_at_live or always_aim) and "sandbox_id" in (case.path_parameters or {}):
             case.path_parameters["sandbox_id"] = sandbox_id
         response = case.call(base_url=base, headers=headers, timeout=60)
         statuses.append(response.status_code)
@@ -173,3 +180,41 @@ def test_every_operation_documents_its_answer_and_errors():
     assert undocumented == []
     error = schema["components"]["schemas"]["Error"]
     assert error["properties"]["error"]["required"] == ["code", "message"]
+
+
+def test_another_organizations_key_reaches_none_of_its_sandboxes(
+    served, org_a, alice, org_b, charlie
+):  # type: ignore[no-untyped-def]
+    """Every operation on a sandbox, with generated input, aimed at organization A's running
+    sandbox with organization B's key: never a success, always the error shape, and A's
+    sandbox untouched (a tenant's id is a 404 everywhere, whatever else the request holds)."""
+    raw = httpx.get(f"{served}/api/schema/?format=json", timeout=30).json()
+    operations = [
+        op
+        for op in (r.ok() for r in schemathesis.openapi.from_dict(raw).get_all_operations())
+        if "{sandbox_id}" in op.path
+    ]
+    assert len(operations) >= 30
+    owner = FuzzedOrganization(served, org_a, alice)
+    stranger = FuzzedOrganization(served, org_b, charlie).key_headers()
+    sandbox_id = owner.running_sandbox(owner.key_headers())
+    failures: dict[str, str] = {}
+    statuses: dict[str, list[int]] = {}
+    try:
+        for operation in operations:
+            answered, found = _fuzz(
+                operation, served, stranger, sandbox_id, EXCLUDED["key"], always_aim=True
+            )
+            statuses[operation.label] = answered
+            failures.update(described(f"stranger {operation.label}", found))
+        still = httpx.get(
+            f"{served}/api/v1/sandboxes/{sandbox_id}", headers=owner.key_headers(), timeout=30
+        )
+        assert still.status_code == 200 and still.json()["state"] == "running", still.text
+    finally:
+        owner.destroy_all(owner.key_headers())
+    assert not failures, "\n\n".join(failures.values())
+    succeeded = {label: codes for label, codes in statuses.items() if any(c < 300 for c in codes)}
+    assert succeeded == {}
+    # Most cases got past validation to the tenancy check: the stranger saw 404s.
+    assert sum(codes.count(404) for codes in statuses.values()) >= 5 * len(operations)
