@@ -27,7 +27,6 @@ from sandboxes.selectors import sandboxes_for_org
 
 from . import translate
 
-LISTED_STATES = ("running", "paused")
 STATES_PATTERN = "^((running|paused)(,(running|paused))*)?$"
 MAX_PAGE = 100
 """E2B's largest page, and the v2 list's page when no `limit` is given."""

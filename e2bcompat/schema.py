@@ -15,6 +15,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from connectrpc.code import Code
 from e2b.envd.filesystem import filesystem_pb
 from e2b.envd.filesystem.filesystem_connect import Filesystem
 from e2b.envd.process import process_pb
@@ -30,24 +31,7 @@ Schema = dict[str, Any]
 _REF = "#/components/schemas/"
 RPC_SERVICES = ((Process, process_pb), (Filesystem, filesystem_pb))
 CONNECT_STREAM = "application/connect+json"
-CONNECT_CODES = (
-    "canceled",
-    "unknown",
-    "invalid_argument",
-    "deadline_exceeded",
-    "not_found",
-    "already_exists",
-    "permission_denied",
-    "resource_exhausted",
-    "failed_precondition",
-    "aborted",
-    "out_of_range",
-    "unimplemented",
-    "internal",
-    "unavailable",
-    "data_loss",
-    "unauthenticated",
-)
+CONNECT_CODES = [code.value for code in Code]  # connectrpc's names, as on the wire
 
 
 def _ref(name: str) -> Schema:
@@ -99,7 +83,7 @@ CONTROL_SCHEMAS: dict[str, Schema] = {
         "type": "object",
         "required": ["code"],
         "properties": {
-            "code": {"type": "string", "enum": list(CONNECT_CODES)},
+            "code": {"type": "string", "enum": CONNECT_CODES},
             "message": {"type": "string"},
         },
     },
