@@ -15,7 +15,9 @@ takes a database row lock nor scans a table:
 * Without REDIS_URL (embedded SQLite): `metering_record` inserts the ledger row directly;
   the flush later folds unaggregated rows into the daily rollup. The counter for
   `metering_authorize` lives in the local cache and is re-read from the database every
-  minute.
+  minute. A record the database cannot take (SQLite's write lock held past its busy
+  timeout) is kept on disk instead and moved into the ledger by the next flush
+  (billing/usage_spool.py).
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ from typing import Any, Protocol
 import redis
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from redis.exceptions import LockError
 
 from accounts.models import Organization
+from common.database_errors import database_unavailable
 from common.errors import PaymentRequired
 from common.redis_scripts import LuaScript
 from common.redis_scripts import command as redis_command
 
-from . import pricing
+from . import pricing, usage_spool
 from .ledger import (
     MeteredEvent,
     daily_add,
@@ -313,10 +316,20 @@ class DatabaseMeter:
         return f"{self.prefix}:plan-change:{organization_id}"
 
     def record(self, event: MeteredEvent) -> bool:
-        with transaction.atomic():
-            added = ledger_insert([event], aggregated_at=None)
+        key = self._counter(event.organization_id, pricing.period_start(event.occurred_at))
+        try:
+            with transaction.atomic():
+                added = ledger_insert([event], aggregated_at=None)
+        except DatabaseError as exc:
+            # The operation ran: keep its record rather than lose it (inside a caller's
+            # transaction the failure is that transaction's to handle).
+            if connection.in_atomic_block or not database_unavailable(exc):
+                raise
+            usage_spool.spool_write(event)
+            logger.warning("usage record kept on disk, the database could not take it: %s", exc)
+            _cache_incr(key)
+            return True
         if added:
-            key = self._counter(event.organization_id, pricing.period_start(event.occurred_at))
             transaction.on_commit(lambda: _cache_incr(key))
         return bool(added)
 
@@ -328,7 +341,9 @@ class DatabaseMeter:
         values = cache.get_many([counter, self._plan_change(organization_id)])
         count = values.get(counter)
         if count is None:
-            count = usage_count_in_ledger(organization_id=organization_id, start=start)
+            count = usage_count_in_ledger(organization_id=organization_id, start=start) + len(
+                self.pending(organization_id, start)
+            )
             cache.set(counter, count, LOCAL_COUNTER_TTL_S)
             if plan_change_due(organization_id=organization_id, now=now):
                 return PeriodState(count, True)
@@ -336,7 +351,14 @@ class DatabaseMeter:
         return PeriodState(int(count), change_at is not None and change_at <= now.timestamp())
 
     def pending(self, organization_id: int, start: date) -> list[MeteredEvent]:
-        return []  # the ledger is written synchronously; unaggregated rows are read from it
+        """Records kept on disk (the ledger is otherwise written synchronously and its
+        unaggregated rows are read from it)."""
+        begin, end = pricing.period_bounds(start)
+        return [
+            event
+            for event in usage_spool.spooled_for(organization_id)
+            if begin <= event.occurred_at < end
+        ]
 
     def flag_plan_change(self, organization_id: int, effective_at: datetime | None) -> None:
         if effective_at is None:
@@ -531,7 +553,20 @@ def flush_redis(meter: RedisMeter, *, batch_size: int, max_batches: int) -> Flus
 
 
 def flush_database(*, batch_size: int, max_batches: int) -> FlushResult:
-    """Fold ledger rows not yet aggregated into UsageDaily (embedded mode)."""
+    """Move records kept on disk into the ledger, then fold ledger rows not yet aggregated
+    into UsageDaily (embedded mode)."""
+    spooled = list(usage_spool.spooled())
+    known = _existing_organization_ids({event.organization_id for _, event in spooled})
+    for batch in (spooled[i : i + batch_size] for i in range(0, len(spooled), batch_size)):
+        kept = [event for _, event in batch if event.organization_id in known]
+        if len(kept) != len(batch):
+            logger.warning(
+                "dropping %d kept usage records of deleted organizations", len(batch) - len(kept)
+            )
+        with transaction.atomic():
+            ledger_insert(kept, aggregated_at=None)
+        for path, _ in batch:  # in the ledger now; a crash before this re-inserts nothing
+            path.unlink(missing_ok=True)
     read = 0
     for _ in range(max_batches):
         with transaction.atomic():

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found, server_error
 
+from . import database_errors
 from .coded import CodedError
+
+logger = logging.getLogger("django.request")
 
 
 class ApplicationError(CodedError):
@@ -132,6 +136,21 @@ class ApiErrorShapeMiddleware:
 
     async def __acall__(self, request: Any) -> Any:
         return _refused(request) or _in_shape(request, await self.get_response(request))
+
+    def process_exception(self, request: Any, exception: Exception) -> HttpResponse | None:
+        """A view outside DRF (pages, the admin) that met a database that could not serve:
+        503 with Retry-After, not a 500 (DRF's views answer through their handler)."""
+        if not database_errors.database_unavailable(exception):
+            return None
+        logger.warning("Database unavailable (answered 503): %s: %s", request.path, exception)
+        if is_api(request):
+            response: HttpResponse = json_error_response(
+                database_errors.CODE, database_errors.MESSAGE, 503
+            )
+        else:
+            response = HttpResponse(database_errors.MESSAGE, status=503, content_type="text/plain")
+        response["Retry-After"] = str(database_errors.RETRY_AFTER_S)
+        return response
 
 
 def _refused(request: Any) -> JsonResponse | None:

@@ -17,6 +17,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from . import database_errors
 from .coded import CodedError
 from .errors import error_body, is_api
 
@@ -59,6 +60,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
             error_body("payload_too_large", f"JSON bodies are limited to {limit} bytes."),
             status=413,
         )
+    if database_errors.database_unavailable(exc):
+        return database_unavailable_response(context.get("request"), exc)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -99,6 +102,19 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     if response.status_code == 403 and code == "not_authenticated":
         response.status_code = 401
     return response
+
+
+def database_unavailable_response(request: Any, exc: Exception) -> Response:
+    """503 with Retry-After: the database could not serve (common/database_errors.py). Not
+    our bug, so one warning line, no traceback."""
+    logger.warning(
+        "Database unavailable (answered 503): %s: %s", getattr(request, "path", "?"), exc
+    )
+    return Response(
+        error_body(database_errors.CODE, database_errors.MESSAGE),
+        status=503,
+        headers={"Retry-After": str(database_errors.RETRY_AFTER_S)},
+    )
 
 
 def _takes_json(request: Any) -> bool:

@@ -15,8 +15,8 @@ from connectrpc.request import RequestContext
 
 from accounts.authentication import Principal
 from accounts.throttling import PerKeyRateThrottle
+from common import database_errors
 from common.coded import CodedError
-from common.errors import ApplicationError
 from sandboxes.caller import Caller
 from sandboxes.models import Sandbox
 from sandboxes.providers.base import FileConflict
@@ -47,6 +47,8 @@ def connect_error(exc: Exception) -> ConnectError:
         return exc
     if isinstance(exc, FileConflict):
         return ConnectError(Code.ALREADY_EXISTS, exc.message)
+    if database_errors.database_unavailable(exc):
+        return ConnectError(Code.UNAVAILABLE, database_errors.MESSAGE)
     if not isinstance(exc, CodedError):
         raise exc
     code, status, message = exc.code, exc.status_code, exc.message
@@ -130,23 +132,22 @@ async def envd_caller(ctx: RequestContext[Any, Any]) -> tuple[Caller, Sandbox]:
         principal, sandbox = await database_sync_to_async(_envd_request)(headers)
     except E2BAuthFailed as exc:
         raise ConnectError(Code.UNAUTHENTICATED, str(exc)) from None
-    except ApplicationError as exc:
+    except Exception as exc:  # noqa: BLE001 - connect_error re-raises what is not ours to map
         raise connect_error(exc) from None
     return Caller(principal), sandbox
 
 
 async def call(fn: Callable[..., T], /, **kwargs: Any) -> T:
     """A synchronous service in the ORM thread, its errors as Connect errors."""
-    try:
-        return await database_sync_to_async(fn)(**kwargs)
-    except CodedError as exc:
-        raise connect_error(exc) from None
+    return await guarded(database_sync_to_async(fn)(**kwargs))
 
 
 async def guarded(awaitable: Awaitable[T]) -> T:
+    """Sandpit's errors, and a database that could not serve, as Connect errors (UNAVAILABLE
+    for the latter: the SDK retries); anything else propagates (connectrpc: INTERNAL)."""
     try:
         return await awaitable
-    except CodedError as exc:
+    except Exception as exc:  # noqa: BLE001 - connect_error re-raises what is not ours to map
         raise connect_error(exc) from None
 
 

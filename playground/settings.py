@@ -174,7 +174,11 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SANDPIT_SQLITE_PATH", str(VAR_DIR / "db.sqlite3")),
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # How long a write waits for SQLite's one write lock before it gives up (503).
+            "OPTIONS": {
+                "timeout": env_int("SANDPIT_SQLITE_BUSY_TIMEOUT_S", 20),
+                "transaction_mode": "IMMEDIATE",
+            },
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

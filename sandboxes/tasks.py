@@ -12,22 +12,34 @@ from typing import Any
 
 from celery import shared_task
 
+from common.periodic import SkippedWhileDatabaseUnavailable
+
 from . import engine_health, operations, templates
 
 
-@shared_task(name="sandboxes.tasks.reap_sandboxes", ignore_result=True)
+@shared_task(
+    name="sandboxes.tasks.reap_sandboxes", ignore_result=True, base=SkippedWhileDatabaseUnavailable
+)
 def reap_sandboxes() -> dict[str, Any]:
     """Destroy idle and expired sandboxes; finish destroys a killed run left behind."""
     return operations.report_summary(operations.reap_sandboxes())
 
 
-@shared_task(name="sandboxes.tasks.reconcile_sandboxes", ignore_result=True)
+@shared_task(
+    name="sandboxes.tasks.reconcile_sandboxes",
+    ignore_result=True,
+    base=SkippedWhileDatabaseUnavailable,
+)
 def reconcile_sandboxes() -> dict[str, Any]:
     """Destroy orphan provider resources; error-then-destroy rows whose resource vanished."""
     return operations.report_summary(operations.reconcile_sandboxes())
 
 
-@shared_task(name="sandboxes.tasks.check_docker_engines", ignore_result=True)
+@shared_task(
+    name="sandboxes.tasks.check_docker_engines",
+    ignore_result=True,
+    base=SkippedWhileDatabaseUnavailable,
+)
 def check_docker_engines() -> dict[str, Any]:
     """Probe every Docker engine; mark the sandboxes of one down too long lost."""
     return operations.report_summary(engine_health.engines_check())

@@ -8,8 +8,8 @@ want_dev=0
 [ "${1:-}" = "--dev" ] && want_dev=1
 
 packages=(bubblewrap slirp4netns nftables)
-# runsc: the docker tests run a second time under gVisor.
-[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap runsc)
+# runsc: the docker tests run a second time under gVisor; fuse3: tests/slow_disk.py.
+[ $want_dev = 1 ] && packages+=(chromium docker.io docker-compose debootstrap runsc fuse3)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
 
+from django.db import DatabaseError
 from rest_framework.exceptions import AuthenticationFailed
 
 from accounts.authentication import (
@@ -18,6 +19,7 @@ from accounts.authentication import (
 )
 from accounts.services import API_KEY_PREFIX
 from accounts.tokens import looks_like_jwt
+from common import database_errors
 from common.errors import NotFound, PaymentRequired
 from sandboxes.caller import Caller, billing_authorize
 from sandboxes.models import Sandbox
@@ -27,6 +29,7 @@ WS_AUTH_FAILED = 4401
 WS_PAYMENT_REQUIRED = 4402
 WS_FORBIDDEN = 4403
 WS_NOT_FOUND = 4404
+WS_UNAVAILABLE = 4503
 
 
 class RealtimeDenied(Exception):
@@ -123,7 +126,24 @@ def realtime_authorize(
     Returns (caller, sandbox). Raises RealtimeDenied: 4401 no/invalid credential, 4404 not
     this caller's sandbox (also another sandbox's token), 4403 token scope missing, 4402 the
     plan does not allow `feature` now. Admitting counts nothing: each operation on the
-    socket is counted by its service."""
+    socket is counted by its service. 4503 (HTTP 503): the database could not serve."""
+    try:
+        return _authorized(scope, sandbox_id, required_scope, feature, cookie_token)
+    except DatabaseError as exc:
+        if not database_errors.database_unavailable(exc):
+            raise
+        raise RealtimeDenied(
+            WS_UNAVAILABLE, 503, database_errors.CODE, database_errors.MESSAGE
+        ) from None
+
+
+def _authorized(
+    scope: Mapping[str, Any],
+    sandbox_id: str,
+    required_scope: str | None,
+    feature: str | None,
+    cookie_token: str | None,
+) -> tuple[Caller, Sandbox]:
     principal = principal_from_scope(scope, cookie_token=cookie_token)
     try:
         sandbox = sandbox_get_for_principal(principal=principal, sandbox_id=sandbox_id)
