@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -83,6 +84,69 @@ def server_start(
     )
 
 
+def embedded_env(var: Path, jails: Path, **extra: str) -> dict[str, str]:
+    """The environment of the README's run command on its embedded defaults (SQLite in
+    `var`, no Redis, the local provider with its jails under `jails`), `extra` added."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "SANDPIT_PROVIDERS"}
+    }
+    env.update(
+        SANDPIT_VAR_DIR=str(var),
+        SANDPIT_SQLITE_PATH=str(var / "db.sqlite3"),
+        SANDPIT_LOCAL_ROOT=str(jails),
+        **extra,
+    )
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """`manage.py <args>` from the checkout in `env`: its standard output."""
+    return subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@contextmanager
+def make_run(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The README's run command (`make run`: web server, worker and beat) in a session of
+    its own, its output to `log_path`; the whole session stopped on the way out."""
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            ["make", "run"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def server_stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def live_server_env(redis_url: str, installation: str) -> dict[str, str]:
     """The environment of a server sharing this test's PostgreSQL database and Redis, as
     installation `installation` (whose meter keys are its own)."""
@@ -129,11 +193,7 @@ def serving_test_database(
                 time.sleep(0.1)
             yield base, Path(local_root)
         finally:
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            server_stop(process)
             shutil.rmtree(local_root, ignore_errors=True)
 
 

@@ -12,7 +12,6 @@ HTML pages. Never a 500, never a traceback in the log."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import time
@@ -28,7 +27,7 @@ from websockets.sync.client import connect
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import free_port, server_start
+from tests.servers import embedded_env, free_port, manage, server_start, server_stop
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv/bin/python")
@@ -47,14 +46,7 @@ class EmbeddedServer:
         self.log_checked_to = 0
 
     def manage(self, *args: str) -> str:
-        return subprocess.run(
-            [PYTHON, "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        return manage(self.env, *args)
 
     @contextmanager
     def locked(self, mode: str) -> Iterator[None]:
@@ -89,29 +81,16 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServe
     var = directory / "var"
     var.mkdir()
     jails = jail_root("db-unavailable")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "SANDPIT_PROVIDERS"}
-    }
-    env.update(
+    env = embedded_env(
+        var,
+        jails,
         DJANGO_SETTINGS_MODULE="playground.settings",
-        SANDPIT_VAR_DIR=str(var),
-        SANDPIT_SQLITE_PATH=str(var / "db.sqlite3"),
-        SANDPIT_LOCAL_ROOT=str(jails),
         SANDPIT_API_RATE="1000000/min",
         SANDPIT_SQLITE_BUSY_TIMEOUT_S="1",
     )
-    subprocess.run([PYTHON, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
-    subprocess.run([PYTHON, "manage.py", "ensure_demo"], cwd=ROOT, env=env, check=True)
-    key = subprocess.run(
-        [PYTHON, "manage.py", "create_api_key", "demo", "locked"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    manage(env, "migrate", "--noinput")
+    manage(env, "ensure_demo")
+    key = manage(env, "create_api_key", "demo", "locked")
     port = free_port()
     log = directory / "server.log"
     with log.open("wb") as out:
@@ -129,11 +108,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServe
             time.sleep(0.1)
         yield EmbeddedServer(base, env, var / "db.sqlite3", log, key)
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        server_stop(process)
         volume.release_root(jails)
 
 

@@ -10,8 +10,6 @@ probe throughout."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -23,7 +21,7 @@ import httpx
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import free_port
+from tests.servers import embedded_env, free_port, make_run, manage
 from tests.slow_disk import slow_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,27 +38,14 @@ load reaches it within the test's time."""
 
 
 def _embedded_env(var: Path, jails: Path, port: int) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "SANDPIT_PROVIDERS"}
-    }
-    env.update(
-        SANDPIT_VAR_DIR=str(var),
-        SANDPIT_SQLITE_PATH=str(var / "db.sqlite3"),
-        SANDPIT_LOCAL_ROOT=str(jails),
+    return embedded_env(
+        var,
+        jails,
         SANDPIT_LOCAL_ROOT_IN_MEMORY="true",
         SANDPIT_PORT=str(port),
         SANDPIT_API_RATE="1000000/min",
         SANDPIT_SQLITE_BUSY_TIMEOUT_S=BUSY_TIMEOUT_S,
     )
-    return env
-
-
-def _manage(env: dict[str, str], *args: str) -> str:
-    return subprocess.run(
-        [PYTHON, "manage.py", *args], cwd=ROOT, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def _wait_until_listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -127,84 +112,74 @@ def test_run_command_on_a_slow_disk_answers_every_request_and_counts_each_once(t
         # Prepared at full speed, through the backing directory: the same files.
         fast_env = _embedded_env(disk.backing / "var", jails, port)
         (disk.backing / "var").mkdir()
-        _manage(fast_env, "migrate", "--noinput")
-        _manage(fast_env, "ensure_demo")
-        secret = _manage(fast_env, "create_api_key", "demo", "slow-disk")
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                ["make", "run"],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        manage(fast_env, "migrate", "--noinput")
+        manage(fast_env, "ensure_demo")
+        secret = manage(fast_env, "create_api_key", "demo", "slow-disk")
         try:
-            _wait_until_listening(port, proc, log)
-            api = httpx.Client(
-                base_url=f"http://127.0.0.1:{port}",
-                headers={"Authorization": f"Bearer {secret}"},
-                timeout=120,
-            )
-            created = api.post("/api/v1/sandboxes", json={})
-            assert created.status_code == 201, created.text
-            sandbox_id = created.json()["id"]
-            usage_before = api.get("/api/v1/usage").json()["executions"]
+            with make_run(env, log) as proc:
+                _wait_until_listening(port, proc, log)
+                api = httpx.Client(
+                    base_url=f"http://127.0.0.1:{port}",
+                    headers={"Authorization": f"Bearer {secret}"},
+                    timeout=120,
+                )
+                created = api.post("/api/v1/sandboxes", json={})
+                assert created.status_code == 201, created.text
+                sandbox_id = created.json()["id"]
+                usage_before = api.get("/api/v1/usage").json()["executions"]
 
-            disk.set_delay_ms(WRITE_DELAY_MS)
-            load = Load(api, sandbox_id)
-            clients = [
-                threading.Thread(target=load.client, args=(n,), daemon=True) for n in range(CLIENTS)
-            ]
-            for thread in clients:
-                thread.start()
-            probes: list[int | str] = []
-            started = time.monotonic()
-            while time.monotonic() - started < LOAD_S:
-                try:
-                    probes.append(
-                        httpx.get(f"http://127.0.0.1:{port}/health/live", timeout=10).status_code
-                    )
-                except httpx.HTTPError as exc:
-                    probes.append(type(exc).__name__)
-                time.sleep(0.25)
-            load.stop.set()
-            for thread in clients:
-                thread.join(180)
-                assert not thread.is_alive(), "a client never got its answer"
-            disk.set_delay_ms(0)
+                disk.set_delay_ms(WRITE_DELAY_MS)
+                load = Load(api, sandbox_id)
+                clients = [
+                    threading.Thread(target=load.client, args=(n,), daemon=True)
+                    for n in range(CLIENTS)
+                ]
+                for thread in clients:
+                    thread.start()
+                probes: list[int | str] = []
+                started = time.monotonic()
+                while time.monotonic() - started < LOAD_S:
+                    try:
+                        probes.append(
+                            httpx.get(
+                                f"http://127.0.0.1:{port}/health/live", timeout=10
+                            ).status_code
+                        )
+                    except httpx.HTTPError as exc:
+                        probes.append(type(exc).__name__)
+                    time.sleep(0.25)
+                load.stop.set()
+                for thread in clients:
+                    thread.join(180)
+                    assert not thread.is_alive(), "a client never got its answer"
+                disk.set_delay_ms(0)
 
-            statuses = Counter(status for _, status, _, _ in load.answers)
-            assert set(statuses) <= {200, 201, 503}, (statuses, _first_failures(load))
-            succeeded = [what for what, status, _, _ in load.answers if status in (200, 201)]
-            assert len(succeeded) >= CLIENTS, statuses  # the product did work on that disk
-            # The load met the lock where it matters most: after operations that ran.
-            assert "usage record kept on disk" in log.read_text(), statuses
-            for _, status, body, retry_after in load.answers:
-                if status == 503:
-                    assert body["error"]["code"] == "database_unavailable", body
-                    assert retry_after is not None and int(retry_after) >= 1
-            assert set(probes) == {200}, Counter(probes)
+                statuses = Counter(status for _, status, _, _ in load.answers)
+                assert set(statuses) <= {200, 201, 503}, (statuses, _first_failures(load))
+                succeeded = [what for what, status, _, _ in load.answers if status in (200, 201)]
+                assert len(succeeded) >= CLIENTS, statuses  # the product did work on that disk
+                # The load met the lock where it matters most: after operations that ran.
+                assert "usage record kept on disk" in log.read_text(), statuses
+                for _, status, body, retry_after in load.answers:
+                    if status == 503:
+                        assert body["error"]["code"] == "database_unavailable", body
+                        assert retry_after is not None and int(retry_after) >= 1
+                assert set(probes) == {200}, Counter(probes)
 
-            # Every operation that answered 2xx is counted, once; none that answered 503 is:
-            # at once (records kept on disk count as pending), and after they are flushed.
-            counted = api.get("/api/v1/usage").json()["executions"] - usage_before
-            assert counted == len(succeeded), (counted, statuses)
-            _manage(env, "billing_flush")
-            assert not list((disk.backing / "var/usage-spool").glob("*.json"))
-            counted = api.get("/api/v1/usage").json()["executions"] - usage_before
-            assert counted == len(succeeded), (counted, statuses)
-            sandbox = api.get(f"/api/v1/sandboxes/{sandbox_id}").json()
-            assert sandbox["state"] == "running", sandbox
-            assert api.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
-            output = log.read_text()
-            assert "Traceback" not in output, output[output.index("Traceback") - 500 :][:4000]
+                # Every operation that answered 2xx is counted, once; none that answered 503 is:
+                # at once (records kept on disk count as pending), and after they are flushed.
+                counted = api.get("/api/v1/usage").json()["executions"] - usage_before
+                assert counted == len(succeeded), (counted, statuses)
+                manage(env, "billing_flush")
+                assert not list((disk.backing / "var/usage-spool").glob("*.json"))
+                counted = api.get("/api/v1/usage").json()["executions"] - usage_before
+                assert counted == len(succeeded), (counted, statuses)
+                sandbox = api.get(f"/api/v1/sandboxes/{sandbox_id}").json()
+                assert sandbox["state"] == "running", sandbox
+                assert api.delete(f"/api/v1/sandboxes/{sandbox_id}").status_code == 200
+                output = log.read_text()
+                assert "Traceback" not in output, output[output.index("Traceback") - 500 :][:4000]
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
             volume.release_root(jails)
 
 

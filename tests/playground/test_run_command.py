@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import httpx
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import free_port
+from tests.servers import embedded_env, free_port, make_run, manage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,15 +32,9 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
     port = free_port()
     var_dir = tmp_path / "var"
     jails = jail_root("run-command")  # new and empty: a root holding anything stays on disk
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "SANDPIT_PROVIDERS"}
-    }
-    env.update(
-        SANDPIT_VAR_DIR=str(var_dir),
-        SANDPIT_SQLITE_PATH=str(var_dir / "db.sqlite3"),
-        SANDPIT_LOCAL_ROOT=str(jails),
+    env = embedded_env(
+        var_dir,
+        jails,
         # The product's default, which the suite turns off (scripts/test.sh): the web
         # processes and the embedded worker share a root held in memory.
         SANDPIT_LOCAL_ROOT_IN_MEMORY="true",
@@ -50,88 +42,66 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
         SANDPIT_REAP_INTERVAL_S="1",
     )
     log = tmp_path / "run.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            ["make", "run"],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     try:
+        with make_run(env, log) as proc:
 
-        def serving() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return True
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                return False
+            def serving() -> bool:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        return True
+                except OSError:
+                    assert proc.poll() is None, log.read_text()[-3000:]
+                    return False
 
-        _wait_for(serving, 180, "daphne to listen")
-        output = log.read_text()
-        match = re.search(r"Demo login: (\S+) / (\S+)", output)
-        assert match, output[-2000:]
-        email, password = match.groups()
+            _wait_for(serving, 180, "daphne to listen")
+            output = log.read_text()
+            match = re.search(r"Demo login: (\S+) / (\S+)", output)
+            assert match, output[-2000:]
+            email, password = match.groups()
 
-        base = f"http://127.0.0.1:{port}"
-        browser = httpx.Client(base_url=base, follow_redirects=True, timeout=30)
-        page = browser.get("/")  # redirected to the login page
-        assert "Log in to Sandpit" in page.text
-        landed = browser.post(
-            "/accounts/login/",
-            data={
-                "username": email,
-                "password": password,
-                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-            },
-            headers={"Referer": base + "/accounts/login/"},
-        )
-        assert str(landed.url).rstrip("/") == base, landed.url
-        assert "Sandboxes" in landed.text and email in landed.text
+            base = f"http://127.0.0.1:{port}"
+            browser = httpx.Client(base_url=base, follow_redirects=True, timeout=30)
+            page = browser.get("/")  # redirected to the login page
+            assert "Log in to Sandpit" in page.text
+            landed = browser.post(
+                "/accounts/login/",
+                data={
+                    "username": email,
+                    "password": password,
+                    "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+                },
+                headers={"Referer": base + "/accounts/login/"},
+            )
+            assert str(landed.url).rstrip("/") == base, landed.url
+            assert "Sandboxes" in landed.text and email in landed.text
 
-        # The embedded Celery worker and beat work: beat sends the reaper every second through
-        # the filesystem broker, and the worker reaps a sandbox whose lifetime has ended.
-        secret = subprocess.run(
-            [str(ROOT / ".venv/bin/python"), "manage.py", "create_api_key", "demo", "run-test"],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
-        sandbox_id = api.post("/api/v1/sandboxes", json={}).json()["id"]
-        subprocess.run(
-            [
-                str(ROOT / ".venv/bin/python"),
-                "manage.py",
+            # The embedded Celery worker and beat work: beat sends the reaper every second through
+            # the filesystem broker, and the worker reaps a sandbox whose lifetime has ended.
+            secret = manage(env, "create_api_key", "demo", "run-test")
+            api = httpx.Client(
+                base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=30
+            )
+            sandbox_id = api.post("/api/v1/sandboxes", json={}).json()["id"]
+            manage(
+                env,
                 "shell",
                 "-c",
                 "from django.utils import timezone; from sandboxes.models import Sandbox; "
                 f"Sandbox.objects.filter(pk='{sandbox_id}').update(expires_at=timezone.now())",
-            ],
-            cwd=ROOT,
-            env=env,
-            check=True,
-        )
+            )
 
-        def reaped() -> bool:
-            body = api.get(f"/api/v1/sandboxes/{sandbox_id}").json()
-            return body["state"] == "destroyed" and body["destroy_reason"] == "max_lifetime"
+            def reaped() -> bool:
+                body = api.get(f"/api/v1/sandboxes/{sandbox_id}").json()
+                return body["state"] == "destroyed" and body["destroy_reason"] == "max_lifetime"
 
-        _wait_for(reaped, 60, "the embedded worker to reap the sandbox")
-        # The worker removes what the web process made, on the one root they share (after
-        # the row says destroyed: the provider's part comes second).
-        _wait_for(lambda: not (jails / sandbox_id).exists(), 30, "the worker to remove the jail")
-        if os.geteuid() == 0:
-            assert volume.on_tmpfs(jails)
+            _wait_for(reaped, 60, "the embedded worker to reap the sandbox")
+            # The worker removes what the web process made, on the one root they share (after
+            # the row says destroyed: the provider's part comes second).
+            _wait_for(
+                lambda: not (jails / sandbox_id).exists(), 30, "the worker to remove the jail"
+            )
+            if os.geteuid() == 0:
+                assert volume.on_tmpfs(jails)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
         volume.release_root(jails)
         shutil.rmtree(jails, ignore_errors=True)
