@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import BigIntegerField, CharField, Count, QuerySet, Value
+from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from accounts.models import ApiKey, Organization
@@ -84,35 +85,37 @@ class UsageSummary:
 
 
 def _usage_counts(organization: Organization, start: date) -> Counter[tuple[date, int]]:
-    """(day, api key id or 0) → executions: rollup + loose ledger rows + unflushed events."""
+    """(day, api key id or 0) → executions: rollup + loose ledger rows + unflushed events.
+
+    The unflushed events are read first, then the database in one statement (one snapshot
+    on PostgreSQL and SQLite alike): an event a flush moves meanwhile (into the ledger,
+    then out of Redis or the spool; loose rows into the rollup) is counted in exactly one
+    place, never in none."""
     begin, end = pricing.period_bounds(start)
-    counts: Counter[tuple[date, int]] = Counter()
-    for day, key_ref, count in UsageDaily.objects.filter(
+    pending = {event.event_id: event for event in get_meter().pending(organization.pk, start)}
+    day = TruncDate("occurred_at", tzinfo=UTC)
+    key_ref = Coalesce("api_key_id", Value(0), output_field=BigIntegerField())
+    one = Value(1, output_field=BigIntegerField())
+    no_event = Value("", output_field=CharField())
+    rolled = UsageDaily.objects.filter(
         organization=organization, day__gte=begin.date(), day__lt=end.date()
-    ).values_list("day", "api_key_ref", "count"):
-        counts[(day, key_ref)] += count
-    loose = UsageEvent.objects.filter(
-        aggregated_at__isnull=True,
-        organization=organization,
-        occurred_at__gte=begin,
-        occurred_at__lt=end,
-    ).values_list("occurred_at", "api_key_id")
-    for occurred_at, key_id in loose:
-        counts[(occurred_at.date(), key_id or 0)] += 1
-    pending = get_meter().pending(organization.pk, start)
-    if pending:
-        # Between a flush's commit and its ack an event is in both places: count it once.
-        flushed = set(
-            UsageEvent.objects.filter(event_id__in=[e.event_id for e in pending]).values_list(
-                "event_id", flat=True
-            )
-        )
-        seen: set[str] = set()
-        for event in pending:
-            if event.event_id in flushed or event.event_id in seen:
-                continue
-            seen.add(event.event_id)
-            counts[(event.occurred_at.date(), event.api_key_id or 0)] += 1
+    ).values_list("day", "api_key_ref", "count", no_event)
+    events = UsageEvent.objects.filter(organization=organization)
+    loose = events.filter(
+        aggregated_at__isnull=True, occurred_at__gte=begin, occurred_at__lt=end
+    ).values_list(day, key_ref, one, no_event)
+    # Pending events the ledger already holds (named by their id): counted there.
+    in_ledger = events.filter(event_id__in=list(pending)).values_list(
+        day, key_ref, Value(0, output_field=BigIntegerField()), "event_id"
+    )
+    counts: Counter[tuple[date, int]] = Counter()
+    for row_day, row_key, count, event_id in rolled.union(loose, in_ledger, all=True):
+        if event_id:
+            pending.pop(event_id, None)
+        else:
+            counts[(row_day, row_key)] += count
+    for event in pending.values():
+        counts[(event.occurred_at.astimezone(UTC).date(), event.api_key_id or 0)] += 1
     return counts
 
 

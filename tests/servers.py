@@ -137,6 +137,19 @@ def make_run(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[b
             process.wait()
 
 
+def jails_destroyed(root: Path) -> int:
+    """Destroy every sandbox left under a local jail root (local sandboxes outlive the
+    server that made them: a test that failed before its own destroy leaves them running);
+    how many there were."""
+    from sandboxes.providers.local.provider import LocalProvider
+
+    provider = LocalProvider(root_dir=root, warm_pool=0)
+    left = provider.list_sandboxes()
+    for handle in left:
+        provider.destroy(handle.provider_id)
+    return len(left)
+
+
 def server_stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()

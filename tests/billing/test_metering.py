@@ -5,11 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from django.db import transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from accounts.models import Organization
-from billing import metering, pricing, services
-from billing.ledger import usage_count_in_ledger
+from billing import metering, pricing, services, usage_spool
+from billing.ledger import (
+    MeteredEvent,
+    daily_add,
+    daily_counts,
+    ledger_insert,
+    usage_count_in_ledger,
+)
 from billing.metering import metering_authorize, metering_record
 from billing.models import PlanChange, UsageDaily, UsageEvent
 from billing.selectors import usage_summary
@@ -220,3 +228,43 @@ def test_counter_is_reseeded_exactly_after_redis_loses_its_data(org_a, settings)
         metering_authorize(organization=org_a, feature="exec")
     start = pricing.period_start(datetime.now(UTC))
     assert metering.get_meter().period_state(org_a.pk, start, datetime.now(UTC)).executions == 32
+
+
+def test_an_event_a_flush_committed_but_has_not_acknowledged_counts_once(org_a, settings):  # type: ignore[no-untyped-def]
+    """Between a flush's commit and its acknowledgement an event is both in Redis and in the
+    rollup: the usage read counts it once."""
+    if not settings.REDIS_URL:
+        missing_part("REDIS_URL is not set")
+    for _ in range(3):
+        metering_record(organization_id=org_a.pk, api_key_id=None, operation="command")
+    meter = metering.get_meter()
+    assert isinstance(meter, metering.RedisMeter)
+    batch = meter.read_batch(100)
+    events = [event for _, event in batch if event is not None]
+    assert len(events) == 3
+    with transaction.atomic():  # the flush's commit, without its acknowledgement
+        daily_add(daily_counts(ledger_insert(events, aggregated_at=timezone.now())))
+    assert usage_summary(organization=org_a).executions == 3
+    meter.ack([entry_id for entry_id, _ in batch])
+    assert usage_summary(organization=org_a).executions == 3
+
+
+def test_records_kept_on_disk_count_at_once_and_once_after_the_flush(org_a, settings, tmp_path):  # type: ignore[no-untyped-def]
+    """Embedded mode: usage records the database could not take (billing/usage_spool.py)."""
+    settings.REDIS_URL = ""
+    settings.VAR_DIR = tmp_path
+    kept = [MeteredEvent(f"kept-{n}", org_a.pk, None, "command", timezone.now()) for n in range(2)]
+    for event in kept:
+        usage_spool.spool_write(event)
+    usage_spool.spool_write(kept[0])  # a retry of one event: still one record
+    assert len(list(usage_spool.spooled())) == 2
+    assert usage_summary(organization=org_a).executions == 2
+    with transaction.atomic():  # a flush that moved one and stopped before removing it
+        ledger_insert(kept[:1], aggregated_at=None)
+    assert usage_summary(organization=org_a).executions == 2
+    (tmp_path / "usage-spool" / "torn.json").write_text('{"event_id": ')
+    services.usage_flush()
+    assert [path.name for path in (tmp_path / "usage-spool").iterdir()] == ["torn.json"]
+    assert UsageEvent.objects.filter(event_id__startswith="kept-").count() == 2
+    assert usage_summary(organization=org_a).executions == 2
+    assert daily_total(org_a) == 2

@@ -27,7 +27,14 @@ from websockets.sync.client import connect
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import embedded_env, free_port, manage, server_start, server_stop
+from tests.servers import (
+    embedded_env,
+    free_port,
+    jails_destroyed,
+    manage,
+    server_start,
+    server_stop,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv/bin/python")
@@ -109,6 +116,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServe
         yield EmbeddedServer(base, env, var / "db.sqlite3", log, key)
     finally:
         server_stop(process)
+        jails_destroyed(jails)
         volume.release_root(jails)
 
 

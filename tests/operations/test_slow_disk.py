@@ -21,7 +21,7 @@ import httpx
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import embedded_env, free_port, make_run, manage
+from tests.servers import embedded_env, free_port, jails_destroyed, make_run, manage
 from tests.slow_disk import slow_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,6 +180,7 @@ def test_run_command_on_a_slow_disk_answers_every_request_and_counts_each_once(t
                 output = log.read_text()
                 assert "Traceback" not in output, output[output.index("Traceback") - 500 :][:4000]
         finally:
+            jails_destroyed(jails)
             volume.release_root(jails)
 
 

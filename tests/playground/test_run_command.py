@@ -13,7 +13,7 @@ import httpx
 
 from sandboxes.providers.local import volume
 from tests.requirements import jail_root
-from tests.servers import embedded_env, free_port, make_run, manage
+from tests.servers import embedded_env, free_port, jails_destroyed, make_run, manage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,5 +103,6 @@ def test_run_command_serves_login_and_demo_credentials_work(tmp_path):
             if os.geteuid() == 0:
                 assert volume.on_tmpfs(jails)
     finally:
+        jails_destroyed(jails)
         volume.release_root(jails)
         shutil.rmtree(jails, ignore_errors=True)
