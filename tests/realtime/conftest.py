@@ -60,7 +60,9 @@ class Server:
         key: str | None = None,
         origin: str | None = None,
         headers: dict[str, str] | None = None,
+        ping_interval: float | None = 20,
     ) -> ClientConnection:
+        """`ping_interval`: the client's keepalive (websockets' default); None for none."""
         extra = dict(headers or {})
         if key:
             extra["Authorization"] = f"Bearer {key}"
@@ -70,6 +72,7 @@ class Server:
             additional_headers=extra,
             open_timeout=10,
             max_size=None,
+            ping_interval=ping_interval,
         )
 
 
