@@ -7,10 +7,12 @@ surrogate, types where objects go."""
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import Any
 
 import pytest
+import websockets.sync.connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection
@@ -152,12 +154,17 @@ def _messages(which: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("which", ["terminal", "exec", "events"])
-def test_generated_messages_never_break_the_socket(server, rt_api_a, key_a, sbx_a, which):  # type: ignore[no-untyped-def]
+def test_generated_messages_never_break_the_socket(  # type: ignore[no-untyped-def]
+    server, rt_api_a, key_a, sbx_a, which, monkeypatch
+):
     """Hypothesis-generated messages of each socket's own types and fields, with values of
     any JSON type, in batches of ten then a ping: the socket answers every batch."""
     log_from = server.log.stat().st_size
-    # No keepalive: its thread draws ping data from the `random` module, which Hypothesis
-    # reports as a strategy using it when a ping falls while it draws a batch.
+    # Every websocket client's keepalive thread in this process (this test's, and any an
+    # earlier test in the same worker left open) draws its ping data from the `random`
+    # module; a ping falling while Hypothesis draws a batch reads to it as the strategy
+    # using `random`. Their draws go to a generator of their own for this test.
+    monkeypatch.setattr(websockets.sync.connection, "random", random.Random())
     with _socket(server, key_a, rt_api_a, sbx_a, which, ping_interval=None) as ws:
         _until_pong(ws)
 
