@@ -205,8 +205,10 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    # A broker that needs no server: kombu's filesystem transport under var/.
+    # A broker that needs no server: kombu's filesystem transport under var/, with messages
+    # that appear whole (playground/broker.py).
     CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT = "playground.broker:Transport"
     _broker_dir = VAR_DIR / "celery-broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
