@@ -39,7 +39,7 @@ from django.utils import timezone
 from redis.exceptions import LockError
 
 from accounts.models import Organization
-from common.database_errors import database_unavailable
+from common.database_errors import StorageFull, database_unavailable
 from common.errors import PaymentRequired
 from common.redis_scripts import LuaScript
 from common.redis_scripts import command as redis_command
@@ -114,6 +114,10 @@ class Meter(Protocol):
 
     def flag_plan_change(self, organization_id: int, effective_at: datetime | None) -> None:
         """Remember (or forget, with None) that a plan change takes effect at `effective_at`."""
+        ...
+
+    def can_record(self) -> bool:
+        """Whether a record made now has somewhere to go (checked before the operation)."""
         ...
 
 
@@ -258,6 +262,9 @@ class RedisMeter:
                 self._plan_change(organization_id), effective_at.timestamp(), ex=COUNTER_TTL_S
             )
 
+    def can_record(self) -> bool:
+        return True  # Redis holds the record; its unavailability is an error of its own
+
     # Flush helpers (used by services.usage_flush) --------------------------------------
 
     def read_batch(self, count: int) -> list[tuple[bytes, MeteredEvent | None]]:
@@ -325,10 +332,12 @@ class DatabaseMeter:
             # transaction the failure is that transaction's to handle).
             if connection.in_atomic_block or not database_unavailable(exc):
                 raise
-            usage_spool.spool_write(event)
-            logger.warning("usage record kept on disk, the database could not take it: %s", exc)
+            if usage_spool.keep(event):
+                logger.warning("usage record kept on disk, the database could not take it: %s", exc)
             _cache_incr(key)
             return True
+        if usage_spool.held_count():
+            usage_spool.write_held()  # the disk takes writes again
         if added:
             transaction.on_commit(lambda: _cache_incr(key))
         return bool(added)
@@ -365,6 +374,11 @@ class DatabaseMeter:
             cache.delete(self._plan_change(organization_id))
         else:
             cache.set(self._plan_change(organization_id), effective_at.timestamp(), COUNTER_TTL_S)
+
+    def can_record(self) -> bool:
+        """The ledger and the spool share the var directory's disk: with too little room
+        left on it, neither could keep the record of an operation allowed now."""
+        return usage_spool.has_headroom()
 
 
 def _cache_incr(key: str) -> None:
@@ -425,8 +439,9 @@ def metering_authorize(
     Raises PremiumRequired ('premium_required') for a premium feature on the free plan,
     FreeAllowanceExhausted ('free_allowance_exhausted') once the free plan's monthly
     allowance is used, SpendingCapReached ('spending_cap_reached') when one more execution
-    would take the period's total over the organization's spending cap. ValueError for an
-    unknown feature (a programming error). One cache round trip, none when `read` gives the
+    would take the period's total over the organization's spending cap. StorageFull (a 503
+    at the doors) when the meter could not keep the record: its disk is nearly full.
+    ValueError for an unknown feature (a programming error). One cache round trip, none when `read` gives the
     period's keys (read with the request's authentication, period_keys_for); the database
     is read only on the first call of a period and when a scheduled plan change falls due.
 
@@ -439,6 +454,8 @@ def metering_authorize(
     now = now or timezone.now()
     start = pricing.period_start(now)
     meter = get_meter()
+    if not meter.can_record():
+        raise StorageFull("no room left to record usage")
     state = meter.period_state(organization.pk, start, now, read)
     if state.plan_change_due:
         plan_changes_apply_due(organization=organization, now=now)

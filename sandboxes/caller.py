@@ -25,6 +25,7 @@ from billing.idempotency import (
     idempotency_event_id,
 )
 from billing.metering import metering_authorize, metering_record
+from common.database_errors import StorageFull
 from common.errors import Forbidden, PaymentRequired
 
 __all__ = [
@@ -115,13 +116,14 @@ def metered(
 
     `teardown`: destroying or stopping, which billing never refuses (an organization past
     its allowance or cap must be able to stop what runs); it is counted only while billing
-    would have allowed it, so it never takes a total past the allowance or cap. An exception
-    from the body propagates and nothing is counted."""
+    would have allowed it, so it never takes a total past the allowance or cap; nor on a disk
+    too full to keep its record (the meter's StorageFull), which must not keep a sandbox
+    running. An exception from the body propagates and nothing is counted."""
     caller.require_scope(scope)
     counted = True
     try:
         billing_authorize(caller, feature)
-    except PaymentRequired:
+    except (PaymentRequired, StorageFull):
         if not teardown:
             raise
         counted = False

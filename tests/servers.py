@@ -150,6 +150,22 @@ def jails_destroyed(root: Path) -> int:
     return len(left)
 
 
+def wait_until_serving(
+    base: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60
+) -> None:
+    """Until `base`/health/live answers 200; fails with the server's log if it exits or
+    the time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(base + "/health/live", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-5000:]
+        time.sleep(0.1)
+
+
 def server_stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import logging
 import secrets
 import time
 from collections.abc import Coroutine
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
+from common import database_errors
 from common.errors import ApplicationError, PaymentRequired
 from sandboxes.process_services import parse_signal
 from sandboxes.streaming import (
@@ -30,6 +32,8 @@ from sandboxes.streaming import (
 
 from .auth import RealtimeDenied, realtime_authorize
 from .outbound import NO_CHANNEL_LAYER, OutboundConsumer
+
+logger = logging.getLogger(__name__)
 
 MAX_RUNS_PER_SOCKET = 8
 
@@ -249,6 +253,12 @@ class ExecConsumer(OutboundConsumer):
             )
         except (ApplicationError, ProviderError) as exc:
             self.error(exc.code, exc.message, id=run_id, status=exc.status_code)
+            return
+        except Exception as exc:
+            if not database_errors.database_unavailable(exc):
+                raise
+            logger.warning("run refused, the database cannot serve: %s", exc)
+            self.error(database_errors.CODE, database_errors.MESSAGE, id=run_id, status=503)
             return
         self.runs[run_id] = ExecRun(self, run_id, stream)
 

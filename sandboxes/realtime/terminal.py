@@ -18,11 +18,12 @@ from asgiref.typing import WebSocketReceiveEvent
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 
+from common import database_errors
 from common.errors import PaymentRequired
 from sandboxes.services import ProviderError
 from sandboxes.terminals import TerminalSession, clamp_size, terminal_attach
 
-from .auth import RealtimeDenied, realtime_authorize
+from .auth import WS_PAYMENT_REQUIRED, WS_UNAVAILABLE, RealtimeDenied, realtime_authorize
 from .outbound import CLOSE, NO_CHANNEL_LAYER, OutboundConsumer
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,16 @@ class TerminalConsumer(OutboundConsumer):
                     await self._flush()
                 except PaymentRequired as exc:
                     self.error(exc.code, exc.message)
-                    self.enqueue((CLOSE, 4402))
+                    self.enqueue((CLOSE, WS_PAYMENT_REQUIRED))
+                    return
+                except Exception as exc:
+                    # Typing goes on only while it can be counted (a disk too full for the
+                    # records, a database that cannot serve): say so and close.
+                    if not database_errors.database_unavailable(exc):
+                        raise
+                    logger.warning("terminal closed, usage cannot be recorded: %s", exc)
+                    self.error(database_errors.CODE, database_errors.MESSAGE)
+                    self.enqueue((CLOSE, WS_UNAVAILABLE))
                     return
 
     async def _flush(self, authorize: bool = True) -> None:

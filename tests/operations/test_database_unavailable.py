@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from tests.servers import (
     manage,
     server_start,
     server_stop,
+    wait_until_serving,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,15 +104,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServe
         process = server_start(port, env, out)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/health/live", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_until_serving(base, process, log)
         yield EmbeddedServer(base, env, var / "db.sqlite3", log, key)
     finally:
         server_stop(process)

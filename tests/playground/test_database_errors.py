@@ -11,7 +11,7 @@ import psycopg_pool
 import pytest
 from django.db import DatabaseError, InterfaceError, OperationalError, ProgrammingError
 
-from common.database_errors import database_unavailable
+from common.database_errors import StorageFull, database_unavailable
 from tests.servers import free_port
 
 
@@ -43,6 +43,18 @@ def test_sqlite_busy_is_unavailable_and_a_missing_table_is_not(tmp_path: Path) -
     assert isinstance(missing, sqlite3.OperationalError)
     assert not database_unavailable(_as_django(missing, OperationalError))
     holder.execute("ROLLBACK")
+
+
+def test_a_sqlite_database_out_of_room_is_unavailable_and_storage_full_too(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    connection.execute("CREATE TABLE t (x)")
+    pages = connection.execute("PRAGMA page_count").fetchone()[0]
+    connection.execute(f"PRAGMA max_page_count = {pages}")  # as a disk with no block left
+    full = _raised(lambda: connection.execute("INSERT INTO t VALUES (zeroblob(100000))"))
+    assert "database or disk is full" in str(full)
+    assert database_unavailable(_as_django(full, OperationalError))
+    assert database_unavailable(StorageFull("no room left to record usage"))
+    assert not database_unavailable(RuntimeError("database or disk is full"))
 
 
 def test_postgres_unreachable_or_timed_out_is_unavailable_and_a_bad_query_is_not() -> None:
