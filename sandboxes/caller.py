@@ -84,7 +84,7 @@ def billing_allows(caller: Caller, feature: str) -> bool:
     """Whether `feature` would be authorized now (for optional extras such as port events)."""
     try:
         billing_authorize(caller, feature)
-    except PaymentRequired:
+    except (PaymentRequired, StorageFull):
         return False
     return True
 

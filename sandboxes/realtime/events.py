@@ -139,6 +139,9 @@ class SandboxEventsConsumer(OutboundConsumer):
         except (ApplicationError, ProviderError) as exc:
             self.error(exc.code, exc.message, status=exc.status_code, request_id=request_id)
             return
+        except Exception as exc:
+            self.refuse_if_database_unavailable(exc, request_id=request_id)
+            return
         old = self.watchers.pop(watcher.id, None)
         if old is not None:
             old.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import logging
 import secrets
 import time
 from collections.abc import Coroutine
@@ -18,7 +17,6 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from common import database_errors
 from common.errors import ApplicationError, PaymentRequired
 from sandboxes.process_services import parse_signal
 from sandboxes.streaming import (
@@ -32,8 +30,6 @@ from sandboxes.streaming import (
 
 from .auth import RealtimeDenied, realtime_authorize
 from .outbound import NO_CHANNEL_LAYER, OutboundConsumer
-
-logger = logging.getLogger(__name__)
 
 MAX_RUNS_PER_SOCKET = 8
 
@@ -187,6 +183,9 @@ class ExecConsumer(OutboundConsumer):
                 except PaymentRequired as exc:
                     self.error(exc.code, exc.message, id=run.id, status=402)
                     return
+                except Exception as exc:
+                    self.refuse_if_database_unavailable(exc, id=run.id)
+                    return
                 if not self._to_run(run, run.write_stdin, data):
                     return
             if message.get("eof"):
@@ -255,10 +254,7 @@ class ExecConsumer(OutboundConsumer):
             self.error(exc.code, exc.message, id=run_id, status=exc.status_code)
             return
         except Exception as exc:
-            if not database_errors.database_unavailable(exc):
-                raise
-            logger.warning("run refused, the database cannot serve: %s", exc)
-            self.error(database_errors.CODE, database_errors.MESSAGE, id=run_id, status=503)
+            self.refuse_if_database_unavailable(exc, id=run_id)
             return
         self.runs[run_id] = ExecRun(self, run_id, stream)
 
@@ -287,6 +283,9 @@ class ExecConsumer(OutboundConsumer):
             )
         except (ApplicationError, ProviderError) as exc:
             self.error(exc.code, exc.message, id=run_id, status=exc.status_code)
+            return
+        except Exception as exc:
+            self.refuse_if_database_unavailable(exc, id=run_id)
             return
         self.runs[run_id] = ExecRun(self, run_id, stream)
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from common import database_errors
 from common.parsers import client_json
 
 from .auth import RealtimeDenied
+
+logger = logging.getLogger(__name__)
 
 NO_CHANNEL_LAYER = "__sandpit_none__"
 """Alias of no configured layer: terminal and exec sockets need no layer channel (and no
@@ -96,6 +100,14 @@ class OutboundConsumer(AsyncWebsocketConsumer):
 
     def error(self, code: str, message: str, **extra: Any) -> None:
         self.enqueue({"type": "error", "code": code, "message": message, **extra})
+
+    def refuse_if_database_unavailable(self, exc: Exception, **extra: Any) -> None:
+        """An operation the database could not serve (or whose usage could not be recorded):
+        its error frame, as REST's 503; any other exception is raised again, a bug."""
+        if not database_errors.database_unavailable(exc):
+            raise exc
+        logger.warning("%s refused, the database cannot serve: %s", type(self).__name__, exc)
+        self.error(database_errors.CODE, database_errors.MESSAGE, status=503, **extra)
 
     def parse_json(self, text: str) -> dict[str, Any] | None:
         try:

@@ -18,7 +18,6 @@ from asgiref.typing import WebSocketReceiveEvent
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 
-from common import database_errors
 from common.errors import PaymentRequired
 from sandboxes.services import ProviderError
 from sandboxes.terminals import TerminalSession, clamp_size, terminal_attach
@@ -153,10 +152,7 @@ class TerminalConsumer(OutboundConsumer):
                 except Exception as exc:
                     # Typing goes on only while it can be counted (a disk too full for the
                     # records, a database that cannot serve): say so and close.
-                    if not database_errors.database_unavailable(exc):
-                        raise
-                    logger.warning("terminal closed, usage cannot be recorded: %s", exc)
-                    self.error(database_errors.CODE, database_errors.MESSAGE)
+                    self.refuse_if_database_unavailable(exc)
                     self.enqueue((CLOSE, WS_UNAVAILABLE))
                     return
 

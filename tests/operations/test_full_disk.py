@@ -5,8 +5,8 @@ Before, every metered operation answered 500 `internal_error` with a traceback: 
 ran in the sandbox, then its usage record found neither the database nor the spool able
 to take it, and the execution went uncounted. Now a metered operation is refused before it
 runs (503 `database_unavailable`, Retry-After) while the disk has too little room to
-record it, at the REST API and on the sockets (a run on the exec socket; a terminal, which
-closes 4503 rather than let typing go uncounted); reads that count nothing go on; and once
+record it, at the REST API and on the sockets (a run, its stdin, a watch: an error frame; a
+terminal closes 4503 rather than let typing go uncounted); reads that count nothing go on; and once
 space is back, the same requests succeed and are counted. Never a traceback."""
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ def test_a_full_disk_refuses_metered_operations_before_they_run(small_disk, tmp_
         assert terminal.status_code == 201, terminal.text
         typing = _socket(base, terminal.json()["ws_path"], key)
         exec_socket = _socket(base, f"/ws/sandboxes/{created.json()['id']}/exec", key)
+        events = _socket(base, f"/ws/sandboxes/{created.json()['id']}/events", key)
+        _until(events, "ready")
+        exec_socket.send(json.dumps({"type": "run", "id": "cat", "command": "cat"}))
+        _until(exec_socket, "started")
         before = api.get("/api/v1/usage").json()["executions"]
 
         filler = _fill(small_disk)
@@ -123,6 +127,12 @@ def test_a_full_disk_refuses_metered_operations_before_they_run(small_disk, tmp_
         exec_socket.send(json.dumps({"type": "run", "id": "r1", "command": "touch ran-too"}))
         error = _until(exec_socket, "error")
         assert (error["code"], error["id"], error["status"]) == ("database_unavailable", "r1", 503)
+        exec_socket.send(json.dumps({"type": "stdin", "id": "cat", "data": "more\n"}))
+        error = _until(exec_socket, "error")
+        assert (error["code"], error["id"], error["status"]) == ("database_unavailable", "cat", 503)
+        events.send(json.dumps({"type": "watch", "id": "w", "path": "."}))
+        error = _until(events, "error")
+        assert (error["code"], error["status"]) == ("database_unavailable", 503), error
         # A terminal whose typing can no longer be counted says so and closes.
         typing.send(b"echo typed\r")
         with pytest.raises(ConnectionClosed) as closed:
@@ -151,6 +161,7 @@ def test_a_full_disk_refuses_metered_operations_before_they_run(small_disk, tmp_
         assert "usage record held in memory now kept on disk" in output, output[-3000:]
         assert api.delete(sandbox).status_code == 200
         exec_socket.close()
+        events.close()
         output = log.read_text()
         assert "Traceback" not in output, output[output.find("Traceback") - 500 :][:4000]
     finally:
